@@ -119,6 +119,8 @@ def _builtin_file(path: str) -> Path:
 def _load_file(path: Path) -> Dataset:
     import datasets
 
+    if path.stat().st_size == 0:
+        raise DataError(f"{path} is empty: it needs rows of training data")
     loader = FILE_LOADERS[path.suffix.lower()]
     kwargs: dict[str, Any] = {}
     if loader == "csv":
@@ -164,7 +166,7 @@ def normalise(rows: Dataset, fmt: str, source: str) -> Dataset:
     """Check every row (reporting up to MAX_PROBLEMS, with 1-based row numbers) and convert to TRL columns."""
     check, convert = row_functions(fmt, rows.column_names)
     problems, total = [], 0
-    for index, row in enumerate(rows):
+    for index, row in enumerate(_rows_to_check(rows, source)):
         for problem in check(row):
             total += 1
             if len(problems) < MAX_PROBLEMS:
@@ -172,9 +174,37 @@ def normalise(rows: Dataset, fmt: str, source: str) -> Dataset:
     if total:
         more = f" (showing the first {MAX_PROBLEMS})" if total > len(problems) else ""
         raise DataError(f"{source}: {total} problem(s) in {fmt} rows{more}:\n" + "\n".join(problems))
-    if len(rows) == 0:
-        raise DataError(f"{source} has no rows")
     return rows.map(convert, remove_columns=rows.column_names, desc=f"Normalising {fmt} rows")
+
+
+def _rows_to_check(rows: Dataset, source: str) -> Any:
+    """The rows as the checks should see them.
+
+    When values of one JSON field mix types, datasets stores them as JSON text and reads the string "4" back as
+    the number 4; such a file (it always has a bad row) is checked as parsed by the json module instead.
+    """
+    path = Path(source)
+    if path.suffix not in (".json", ".jsonl") or not path.is_file() or not _has_json_feature(rows.features):
+        return rows
+    text = path.read_text(encoding="utf-8")
+    try:
+        parsed = json.loads(text)  # a JSON array
+    except json.JSONDecodeError:
+        parsed = [json.loads(line) for line in text.splitlines() if line.strip()]  # JSON lines
+    return parsed[: len(rows)]
+
+
+def _has_json_feature(feature: Any) -> bool:
+    from datasets import Json
+
+    if isinstance(feature, Json):
+        return True
+    if isinstance(feature, dict):
+        return any(_has_json_feature(value) for value in feature.values())
+    if isinstance(feature, list | tuple):
+        return any(_has_json_feature(value) for value in feature)
+    inner = getattr(feature, "feature", None)  # List / Sequence / LargeList
+    return inner is not None and _has_json_feature(inner)
 
 
 def _row_name(source: str, index: int) -> str:
@@ -189,27 +219,18 @@ def load_training_data(data_cfg: DataSection, tokenizer: Any, seed: int) -> Data
     """Load, check and normalise the training (and eval) data, and decide which tokens carry the loss."""
     if data_cfg.eval_path and data_cfg.eval_fraction > 0:
         raise DataError("set either data.eval_path or data.eval_fraction, not both")
-    rows, source = load_rows(data_cfg.path, data_cfg.subset, data_cfg.split)
     notes: list[str] = []
+    rows, source = load_rows(data_cfg.path, data_cfg.subset, data_cfg.split)
+    if len(rows) == 0:
+        raise DataError(f"{source} has no rows")
     if data_cfg.max_samples is not None:
         if data_cfg.max_samples < len(rows):
             rows = rows.select(range(data_cfg.max_samples))
         else:
             notes.append(f"data.max_samples={data_cfg.max_samples} but {source} has only {len(rows)} rows: using all")
-    first = rows[0] if len(rows) else None
-    fmt = resolve_format(rows.column_names, first, data_cfg.format, source)
+    fmt = resolve_format(rows.column_names, rows[0], data_cfg.format, source)
     train = normalise(rows, fmt, source)
-
-    eval_rows = None
-    if data_cfg.eval_path:
-        same = data_cfg.eval_path == data_cfg.path
-        raw, eval_source = load_rows(data_cfg.eval_path, data_cfg.subset if same else None, None)
-        eval_fmt = resolve_format(raw.column_names, raw[0] if len(raw) else None, data_cfg.format, eval_source)
-        if eval_fmt != fmt:
-            raise DataError(
-                f"{eval_source} is in {eval_fmt} format but the training data is {fmt}; use one format for both"
-            )
-        eval_rows = normalise(raw, fmt, eval_source)
+    eval_rows = _load_eval(data_cfg, fmt) if data_cfg.eval_path else None
 
     rendered_with_template = fmt in CHAT_FORMATS or fmt == "alpaca" or isinstance(train[0].get("prompt"), list)
     if rendered_with_template and not tokenizer.chat_template:
@@ -229,22 +250,37 @@ def load_training_data(data_cfg: DataSection, tokenizer: Any, seed: int) -> Data
             loss = "assistant_only"
         else:
             chat_template = None
-            multi = sum(1 for m in train["messages"] if sum(t["role"] == "assistant" for t in m) > 1)
+            notes.append(_last_turn_warning(train))
             train = train.map(last_turn_prompt_completion, remove_columns=["messages"])
             if eval_rows is not None:
                 eval_rows = eval_rows.map(last_turn_prompt_completion, remove_columns=["messages"])
-            notes.append(
-                "WARNING: the model's chat template has no {% generation %} markers and is not one this app can "
-                "patch, so assistant-only loss is not possible. Each chat is trained as a prompt/completion pair "
-                "on its LAST assistant turn"
-                + (f"; earlier assistant turns in {multi} multi-turn row(s) are context only, not learned." if multi else ".")
-                + " To learn every turn, set data.completion_only_loss=false (loss on all tokens) or use a model "
-                "whose chat template has generation markers."
-            )
 
     if data_cfg.eval_fraction > 0:
         train, eval_rows = _split(train, data_cfg.eval_fraction, seed)
     return DataBundle(train=train, eval=eval_rows, format=fmt, loss=loss, chat_template=chat_template, notes=notes)
+
+
+def _load_eval(data_cfg: DataSection, fmt: str) -> Dataset:
+    """eval_path rows in the training format (a Hub dataset gives its validation or test split)."""
+    same = data_cfg.eval_path == data_cfg.path
+    rows, source = load_rows(data_cfg.eval_path, data_cfg.subset if same else None, None)
+    if len(rows) == 0:
+        raise DataError(f"{source} has no rows")
+    eval_fmt = resolve_format(rows.column_names, rows[0], data_cfg.format, source)
+    if eval_fmt != fmt:
+        raise DataError(f"{source} is in {eval_fmt} format but the training data is {fmt}; use one format for both")
+    return normalise(rows, fmt, source)
+
+
+def _last_turn_warning(train: Dataset) -> str:
+    multi = sum(1 for messages in train["messages"] if sum(turn["role"] == "assistant" for turn in messages) > 1)
+    lost = f"; earlier assistant turns in {multi} multi-turn row(s) are context only, not learned." if multi else "."
+    return (
+        "WARNING: the model's chat template has no {% generation %} markers and is not one this app can patch, "
+        "so assistant-only loss is not possible. Each chat is trained as a prompt/completion pair on its LAST "
+        f"assistant turn{lost} To learn every turn, set data.completion_only_loss=false (loss on all tokens) or "
+        "use a model whose chat template has generation markers."
+    )
 
 
 def _split(train: Dataset, fraction: float, seed: int) -> tuple[Dataset, Dataset]:
@@ -278,7 +314,9 @@ def chatml_training_template(default_system: str | None) -> str:
     """
     default = (
         "{% if loop.first and messages[0]['role'] != 'system' %}"
-        "{{ '<|im_start|>system\\n' + " + json.dumps(default_system) + " + '<|im_end|>\\n' }}{% endif %}"
+        "{{ '<|im_start|>system\\n' + "
+        + json.dumps(default_system, ensure_ascii=False)
+        + " + '<|im_end|>\\n' }}{% endif %}"
         if default_system is not None
         else ""
     )
@@ -298,8 +336,8 @@ _PROBES = [
         {"role": "system", "content": "Be brief."},
         {"role": "user", "content": "Hi"},
         {"role": "assistant", "content": "Hello."},
-        {"role": "user", "content": "Bye"},
-        {"role": "assistant", "content": "Bye."},
+        {"role": "user", "content": " Bye \n"},
+        {"role": "assistant", "content": "\nBye. "},
     ],
 ]
 
@@ -379,7 +417,9 @@ def preview_examples(
     return preview_bundle(load_training_data(data_cfg, tokenizer, seed), tokenizer, n, max_length)
 
 
-def preview_bundle(bundle: DataBundle, tokenizer: Any, n: int = 3, max_length: int | None = None) -> list[PreviewExample]:
+def preview_bundle(
+    bundle: DataBundle, tokenizer: Any, n: int = 3, max_length: int | None = None
+) -> list[PreviewExample]:
     out = []
     for index in range(min(n, len(bundle.train))):
         input_ids, labels = tokenize_like_sft(bundle.train[index], tokenizer, bundle)

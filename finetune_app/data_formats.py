@@ -155,7 +155,9 @@ def _check_turns(value: Any, column: str, role_key: str, content_key: str, roles
         if role not in roles:
             problems.append(f"{where}.{role_key} is {role!r}; allowed: {', '.join(roles)}")
             continue
-        problems += [f"{where}: {p}" for p in _check_text(turn.get(content_key), content_key, allow_empty=role == "system")]
+        problems += [
+            f"{where}: {p}" for p in _check_text(turn.get(content_key), content_key, allow_empty=role == "system")
+        ]
     if problems:
         return problems
     mapped = [roles[turn[role_key]] for turn in turns]

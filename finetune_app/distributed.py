@@ -1,14 +1,95 @@
-"""Multi-GPU: the SFTConfig arguments for DDP/FSDP. Launch commands live in launch.py."""
+"""Multi-GPU at run time: what each rank passes to the HF libraries under DDP and FSDP.
+
+`launch.py` starts the processes (through `accelerate launch`); this module is what every one of those
+processes uses: the FSDP settings for the Trainer, where a rank puts its copy of the model, and which
+rank writes files. Heavy libraries are imported inside the functions only.
+"""
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from .config import RunConfig
 
+# Set by launch.py in the environment of the ranks it starts: the launcher already created the run
+# directory (config.yaml), so the ranks must accept it instead of refusing to overwrite it.
+LAUNCHED_ENV = "FINETUNE_APP_LAUNCHED"
+
+
+def launched_by_us() -> bool:
+    return os.environ.get(LAUNCHED_ENV) == "1"
+
+
+def local_rank() -> int:
+    return int(os.environ.get("LOCAL_RANK", "0"))
+
+
+def global_rank() -> int:
+    return int(os.environ.get("RANK", "0"))
+
+
+def is_main_rank() -> bool:
+    """Rank 0 of the whole job writes the run directory (events, adapter); the others only compute."""
+    return global_rank() == 0
+
+
+def fsdp_options(cfg: RunConfig, layer_classes: list[str] | None = None) -> dict[str, Any]:
+    """The FSDP2 settings, in the keys TrainingArguments.fsdp_config and accelerate's config file share.
+
+    - every decoder layer (with its LoRA matrices) is one FSDP unit, so a rank holds 1/N of each layer's
+      4-bit base weights and gathers one layer at a time; `layer_classes` None = the model's own
+      `_no_split_modules` (e.g. LlamaDecoderLayer), which is what accelerate falls back to;
+    - activation checkpointing is FSDP's own (per wrapped layer), not the HF flag, which would add a
+      redundant all-gather in backward;
+    - the state dict is gathered in full for saving so the adapter is an ordinary, unsharded PEFT adapter.
+    """
+    dist = cfg.distributed
+    options: dict[str, Any] = {
+        "version": 2,
+        "auto_wrap_policy": "TRANSFORMER_BASED_WRAP",
+        # FSDP2 has no sharding-strategy enum: shard_grad_op = keep parameters gathered after forward.
+        "reshard_after_forward": dist.fsdp_sharding != "shard_grad_op",
+        "cpu_offload": dist.cpu_offload,
+        "activation_checkpointing": cfg.memory.gradient_checkpointing,
+        "state_dict_type": "FULL_STATE_DICT",
+        # Each rank loads the (small, 4-bit) model itself; rank-0-only loading is skipped for
+        # bitsandbytes weights by accelerate anyway, so one setting fits both cases.
+        "cpu_ram_efficient_loading": False,
+    }
+    if layer_classes:
+        options["transformer_layer_cls_to_wrap"] = list(layer_classes)
+    return options
+
 
 def sft_distributed_args(cfg: RunConfig) -> dict[str, Any]:
-    """Extra SFTConfig kwargs for the strategy (empty for single and DDP: accelerate sets DDP up)."""
+    """SFTConfig kwargs that override the single-process ones (DDP needs none: accelerate wraps it)."""
     if cfg.distributed.strategy != "fsdp":
         return {}
-    return {}
+    args: dict[str, Any] = {
+        "fsdp": True,
+        "fsdp_config": fsdp_options(cfg),
+        # FSDP checkpoints activations itself (fsdp_config); the Trainer refuses both at once.
+        "activation_checkpointing": False,
+        "activation_checkpointing_kwargs": None,
+    }
+    if cfg.distributed.fsdp_sharding == "hybrid_shard":
+        from accelerate.parallelism_config import ParallelismConfig
+
+        # Shard within a node, replicate across nodes (HSDP on a 2-D device mesh).
+        args["parallelism_config"] = ParallelismConfig(
+            dp_replicate_size=cfg.distributed.num_nodes, dp_shard_size=cfg.distributed.num_processes
+        )
+    return args
+
+
+def rank_placement(cfg: RunConfig, *, on_cuda: bool) -> dict[str, Any]:
+    """from_pretrained kwargs that put this rank's copy of the model on this rank's GPU.
+
+    Without it every rank would quantize and load onto GPU 0 (the model is loaded before accelerate
+    sets the rank's device). The launcher restricts CUDA_VISIBLE_DEVICES to distributed.gpu_ids, so
+    LOCAL_RANK indexes the visible GPUs.
+    """
+    if not on_cuda or cfg.distributed.strategy == "single":
+        return {}
+    return {"device_map": {"": local_rank()}}

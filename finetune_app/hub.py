@@ -211,6 +211,8 @@ def push_folder(
         )
     except HfHubHTTPError as exc:
         raise PushError(f"push to {repo_id} failed: {_short(exc)}\n{retry}") from None
+    except ValueError as exc:  # the Hub rejected the model card's metadata
+        raise PushError(f"push to {repo_id} refused: {_short(exc)}\n{retry}") from None
     except OSError as exc:
         raise PushError(f"push to {repo_id} failed, cannot reach {hub_endpoint()}: {exc}\n{retry}") from None
     say(f"Pushed to {url}")

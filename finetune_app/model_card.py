@@ -16,6 +16,7 @@ from .config import DEMO_MODEL, ModelSection, RunConfig
 
 DEMO_BASE_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
 LOSS_CURVE_FILE = "training_loss.png"
+DATA_SUFFIXES = (".json", ".jsonl", ".csv", ".parquet", ".txt")
 GIB = 1024**3
 ExportKind = Literal["adapter", "merged"]
 
@@ -78,7 +79,7 @@ def public_base_id(model: ModelSection) -> str | None:
 
 def hub_dataset_id(cfg: RunConfig) -> str | None:
     path = cfg.data.path
-    if path.startswith("builtin:") or os.path.exists(path) or "." in Path(path).suffix or path.count("/") != 1:
+    if path.startswith("builtin:") or os.path.exists(path) or Path(path).suffix in DATA_SUFFIXES or path.count("/") != 1:
         return None
     return path
 
@@ -141,7 +142,7 @@ def build_model_card(
         base_model_relation=("adapter" if kind == "adapter" else "finetune") if base_id else None,
     )
     sections = [
-        _title(cfg, kind, repo_id),
+        _title(cfg, kind, repo_id, (merge_check or {}).get("dtype", cfg.export.merge_dtype)),
         _usage(kind, repo_id, base_id),
         _training(cfg, record, has_loss_curve),
         _hyperparameters(cfg),
@@ -153,7 +154,7 @@ def build_model_card(
     return ModelCard(f"---\n{data.to_yaml()}\n---\n\n{body}\n")
 
 
-def _title(cfg: RunConfig, kind: ExportKind, repo_id: str | None) -> str:
+def _title(cfg: RunConfig, kind: ExportKind, repo_id: str | None, merged_dtype: str) -> str:
     name = repo_id or cfg.output.run_name or "Fine-tuned model"
     base = public_base_id(cfg.model) or Path(cfg.model.name_or_path).name
     what = (
@@ -161,7 +162,7 @@ def _title(cfg: RunConfig, kind: ExportKind, repo_id: str | None) -> str:
         if kind == "adapter" and public_base_id(cfg.model)
         else f"A LoRA adapter for {base}"
         if kind == "adapter"
-        else f"{base} with its fine-tuned LoRA adapter merged into the weights ({_merged_dtype(cfg)})"
+        else f"{base} with its fine-tuned LoRA adapter merged into the weights ({merged_dtype})"
     )
     lines = [f"# {name}", "", f"{what}, trained with finetune_app ({method_description(cfg)})."]
     if cfg.model.name_or_path == DEMO_MODEL:
@@ -171,10 +172,6 @@ def _title(cfg: RunConfig, kind: ExportKind, repo_id: str | None) -> str:
             "weights differ slightly from the original repository's.",
         ]
     return "\n".join(lines)
-
-
-def _merged_dtype(cfg: RunConfig) -> str:
-    return cfg.export.merge_dtype
 
 
 def _usage(kind: ExportKind, repo_id: str | None, base_id: str | None) -> str:

@@ -13,11 +13,19 @@ from typing import Any
 
 from .atomic import atomic_dir, atomic_write_text
 from .config import RunConfig, dump_yaml
+from .distributed import is_main_rank, launched_by_us
 from .events import EventLog
 
 CONFIG_FILE = "config.yaml"
 ADAPTER_DIR = "adapter"
 MODEL_DIR = "model"  # a full fine-tune saves the whole model here instead of an adapter
+
+
+class SilentEventLog:
+    """The event log of ranks other than 0: they compute but must not write the run's files."""
+
+    def emit(self, event: str, **fields: Any) -> dict[str, Any]:
+        return {"event": event, **fields}
 
 
 class RunError(RuntimeError):
@@ -35,6 +43,8 @@ class RunResult:
 def prepare_run_dir(run_dir: Path, cfg: RunConfig, *, resume: bool) -> None:
     """Create the run directory, or check it can be resumed. Never overwrites a previous run."""
     run_dir = Path(run_dir)
+    if launched_by_us():
+        return  # launch.py prepared (and checked) the run dir once for all ranks
     has_history = (run_dir / "events.jsonl").exists() or (run_dir / "checkpoints").exists()
     if resume:
         if not run_dir.is_dir():
@@ -61,7 +71,8 @@ def last_checkpoint(run_dir: Path) -> Path | None:
 def run_training(cfg: RunConfig, run_dir: Path, *, resume: bool = False, log=print) -> RunResult:
     run_dir = Path(run_dir)
     prepare_run_dir(run_dir, cfg, resume=resume)
-    events = EventLog(run_dir)
+    # Under DDP/FSDP every rank runs this function; only rank 0 writes the event log.
+    events = EventLog(run_dir) if is_main_rank() else SilentEventLog()
     events.emit("start", run_dir=str(run_dir), config=cfg.model_dump(mode="json"), resume=resume,
                 estimate=_estimate_or_none(cfg, log), device=_device_name())
     try:
@@ -82,6 +93,7 @@ def _train(cfg: RunConfig, run_dir: Path, events: EventLog, *, resume: bool, log
     from .attention import choose_attention, flash_attn_installed
     from .callbacks import EventCallback, StopOnSignal
     from .data import load_training_data
+    from .distributed import rank_placement
     from .model_source import resolve_model
     from .translate import model_load_kwargs, to_lora_config, to_sft_config
 
@@ -104,7 +116,9 @@ def _train(cfg: RunConfig, run_dir: Path, events: EventLog, *, resume: bool, log
     if attention.reason:
         log(attention.reason)
         events.emit("info", message=attention.reason)
-    model = _load_model(resolved.path, model_load_kwargs(cfg, attention.implementation, on_cuda=on_cuda), log)
+    load_kwargs = model_load_kwargs(cfg, attention.implementation, on_cuda=on_cuda)
+    load_kwargs.update(rank_placement(cfg, on_cuda=on_cuda))
+    model = _load_model(resolved.path, load_kwargs, log)
 
     stop = StopOnSignal()
     args = to_sft_config(cfg, run_dir, on_cuda=on_cuda, loss=bundle.loss, has_eval=bundle.eval is not None,

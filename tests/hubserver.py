@@ -3,6 +3,7 @@
 It implements the endpoints that token checks, repo creation and `upload_folder` use:
   GET  /api/whoami-v2
   POST /api/repos/create
+  POST /api/validate-yaml                         (README.md front matter, checked before upload)
   GET  /api/models/{ns}/{name}[/revision/{rev}]
   GET  /api/models/{ns}/{name}/tree/{rev}
   POST /api/models/{ns}/{name}/preupload/{rev}
@@ -25,6 +26,8 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import unquote, urlparse
+
+import yaml
 
 REPO_ROUTE = re.compile(r"^/api/models/([^/]+/[^/]+)(?:/(revision|tree|preupload|commit)/([^/]+))?/?$")
 
@@ -61,12 +64,20 @@ class User:
             return False
         return namespace == self.name or self.orgs.get(namespace) in ("admin", "write", "contributor")
 
+    def can_write_repo(self, repo: Repo) -> bool:
+        """Org contributors may create repos but only write to the ones they created."""
+        namespace = repo.repo_id.split("/")[0]
+        if not self.can_write(namespace):
+            return False
+        return self.orgs.get(namespace) != "contributor" or repo.creator == self.name
+
 
 @dataclass
 class Repo:
     repo_id: str
     private: bool
     files: dict[str, bytes] = field(default_factory=dict)
+    creator: str = ""
     commits: list[str] = field(default_factory=list)
 
     @property
@@ -88,6 +99,7 @@ class HubState:
         self.commit_attempts = 0
         self.unknown_routes: list[str] = []
         self.tokens_seen: set[str] = set()
+        self.validated_cards: list[str] = []
 
 
 class HubHandler(BaseHTTPRequestHandler):
@@ -152,6 +164,8 @@ class HubHandler(BaseHTTPRequestHandler):
         body = self._body()
         if path == "/api/repos/create":
             return self._create_repo(json.loads(body or b"{}"))
+        if path == "/api/validate-yaml":
+            return self._validate_yaml(json.loads(body or b"{}"))
         match = REPO_ROUTE.match(path)
         if match and match.group(2) == "preupload":
             return self._preupload(unquote(match.group(1)), json.loads(body or b"{}"))
@@ -182,8 +196,27 @@ class HubHandler(BaseHTTPRequestHandler):
             if repo_id in self.state.repos:
                 # Like the Hub: the conflict answer carries the URL, which create_repo(exist_ok=True) returns.
                 return self._error(409, "You already created this model repo", url=f"{self.server.endpoint}/{repo_id}")
-            self.state.repos[repo_id] = Repo(repo_id, private=payload.get("visibility") == "private")
+            self.state.repos[repo_id] = Repo(repo_id, payload.get("visibility") == "private", creator=user.name)
         self._send(200, {"url": f"{self.server.endpoint}/{repo_id}", "name": repo_id, "id": repo_id})
+
+    def _validate_yaml(self, payload: dict[str, Any]) -> None:
+        """Like the Hub: the README's YAML front matter must parse to a mapping with known-shaped fields."""
+        content = payload.get("content", "")
+        match = re.match(r"^---\n(.*?)\n---\n", content, re.S)
+        try:
+            metadata = yaml.safe_load(match.group(1)) if match else {}
+        except yaml.YAMLError as exc:
+            return self._send(400, {"errors": [{"message": f"invalid YAML: {exc}"}]})
+        problems = [] if isinstance(metadata, dict) else ["metadata must be a mapping"]
+        if isinstance(metadata, dict):
+            for key in ("tags", "datasets"):
+                if key in metadata and not isinstance(metadata[key], list | str):
+                    problems.append(f'"{key}" must be a list of strings')
+        if problems:
+            return self._send(400, {"errors": [{"message": problem} for problem in problems]})
+        with self.state.lock:
+            self.state.validated_cards.append(content)
+        self._send(200, {"warnings": []})
 
     def _repo_info(self, repo_id: str) -> None:
         repo = self.state.repos.get(repo_id)
@@ -209,7 +242,7 @@ class HubHandler(BaseHTTPRequestHandler):
         if not self._repo_visible(repo, user):
             self._error(404, "Repository not found", "RepoNotFound")
             return None
-        if user is None or not user.can_write(repo_id.split("/")[0]):
+        if user is None or not user.can_write_repo(repo):
             self._error(403, f"You don't have write access to {repo_id}")
             return None
         return repo

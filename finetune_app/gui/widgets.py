@@ -1,7 +1,8 @@
 """GUI widgets generated from the RunConfig model, and the conversions between widget values and a RunConfig.
 
 Every field of every section gets exactly one widget, chosen from its type annotation (Literal -> dropdown,
-bool -> checkbox, int/float -> number with the Field bounds, str -> textbox, lists -> comma-separated textbox)
+bool -> checkbox, int/float -> number with the Field bounds, str -> textbox, lists -> comma-separated textbox,
+optional numbers -> textbox where empty means None)
 and labelled with its description. Nothing here is re-typed by hand, so a new config field shows up in the GUI
 by itself. The spec part is pure Python; gradio is only imported by `make_widget`.
 """
@@ -133,8 +134,8 @@ def to_widget_value(spec: FieldSpec, value: Any) -> Any:
         if isinstance(value, str):
             return value
         return ", ".join(str(item) for item in value)
-    if spec.kind == "text":
-        return "" if value is None else value
+    if spec.kind == "text" or (spec.optional and spec.kind in ("int", "float")):
+        return "" if value is None else str(value)
     return value
 
 
@@ -147,13 +148,20 @@ def from_widget_value(spec: FieldSpec, raw: Any) -> Any:
         if spec.kind == "text" or text in spec.choices:
             return text
         return [_parse_item(spec.item_type, part.strip()) for part in text.strip("[]").split(",") if part.strip()]
-    if spec.kind == "int":
-        if raw is None or raw == "":
+    if spec.kind in ("int", "float"):
+        if isinstance(raw, str):
+            raw = raw.strip()
+            if not raw:
+                return None
+            try:
+                raw = float(raw)
+            except ValueError:
+                return raw
+        if raw is None:
             return None
-        number = float(raw)
-        return int(number) if number.is_integer() else number
-    if spec.kind == "float":
-        return None if raw is None or raw == "" else float(raw)
+        if spec.kind == "int" and float(raw).is_integer():
+            return int(raw)
+        return float(raw)
     return raw
 
 
@@ -244,12 +252,13 @@ def make_widget(spec: FieldSpec, value: Any = None):
     import gradio as gr
 
     value = to_widget_value(spec, spec.default if value is None and not spec.optional else value)
+    # Optional numbers are textboxes: a number widget cannot hold "empty" (it sends 0), and empty means default.
     common = dict(label=spec.label, info=f"{spec.description}  [{spec.key}]", elem_id=spec.elem_id)
     if spec.kind == "dropdown":
         return gr.Dropdown(choices=list(spec.choices), value=value, **common)
     if spec.kind == "checkbox":
         return gr.Checkbox(value=bool(value), **common)
-    if spec.kind in ("int", "float"):
+    if spec.kind in ("int", "float") and not spec.optional:
         precision = 0 if spec.kind == "int" else None
         step = 1 if spec.kind == "int" else _float_step(spec)
         return gr.Number(
@@ -269,6 +278,8 @@ def _float_step(spec: FieldSpec) -> float:
 
 
 def _placeholder(spec: FieldSpec) -> str:
+    if spec.kind in ("int", "float"):
+        return "empty = not set (a number, e.g. 100)"
     if spec.kind == "list":
         options = " or ".join(spec.choices)
         example = "0, 1" if spec.item_type is int else "q_proj, v_proj"

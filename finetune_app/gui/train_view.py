@@ -1,0 +1,118 @@
+"""What the Train tab shows for a job: status line, numbers, loss curve data. Pure functions, no gradio."""
+
+from __future__ import annotations
+
+import html
+from typing import Any
+
+from finetune_app.gui.jobs import Job, RunProgress
+
+STATE_TEXT = {
+    "running": "Training",
+    "stopping": "Stopping: saving a checkpoint and the adapter",
+    "completed": "Finished",
+    "stopped": "Stopped",
+    "failed": "Failed",
+}
+
+
+def gb(value: float | int | None) -> str:
+    return "–" if value is None else f"{value / 1e9:.2f} GB"
+
+
+def duration(seconds: float | None) -> str:
+    if seconds is None:
+        return "–"
+    seconds = int(seconds)
+    hours, rest = divmod(seconds, 3600)
+    minutes, secs = divmod(rest, 60)
+    return f"{hours}h {minutes:02d}m" if hours else f"{minutes}m {secs:02d}s"
+
+
+def status_html(job: Job | None, state: str | None) -> str:
+    """One headline with data-state for tests, a progress bar and what to do next."""
+    if job is None or state is None:
+        return (
+            '<div id="run-status" data-state="idle"><b>No training run yet.</b> '
+            "Check the settings and the memory budget, then press <i>Start training</i>.</div>"
+        )
+    progress = job.progress
+    headline = STATE_TEXT.get(state, state)
+    detail = ""
+    if state == "completed":
+        detail = f"The adapter is saved in <code>{html.escape(str(progress.adapter_path))}</code>. Try it in the next tab."
+    elif state == "stopped":
+        if progress.adapter_path:
+            detail = f"The adapter so far is saved in <code>{html.escape(str(progress.adapter_path))}</code>."
+        else:
+            detail = "The run was stopped before it could save anything."
+    elif state == "failed":
+        reason = progress.error or "the training process ended without finishing; see the log below"
+        detail = f"<pre class='run-error'>{html.escape(reason)}</pre>"
+    elif not progress.total_steps:
+        detail = "Preparing: loading the model and the data ..."
+    step_text = f"step {progress.step} / {progress.total_steps}" if progress.total_steps else ""
+    percent = round(100 * progress.fraction)
+    return (
+        f'<div id="run-status" data-state="{state}">'
+        f'<div class="run-headline"><b>{headline}</b> <span class="run-step">{step_text}</span></div>'
+        f'<div class="run-bar"><div class="run-bar-fill" style="width:{percent}%"></div></div>'
+        f'<div class="run-dir">Run folder: <code>{html.escape(str(job.run_dir))}</code></div>'
+        f"<div>{detail}</div></div>"
+    )
+
+
+def stats_html(progress: RunProgress) -> str:
+    rows = [
+        ("Step", f"{progress.step} / {progress.total_steps or '?'}"),
+        ("Epoch", "–" if progress.epoch is None else f"{progress.epoch:.2f}"),
+        ("Last loss", "–" if not progress.losses else f"{progress.losses[-1][1]:.4f}"),
+        ("Last eval loss", "–" if not progress.eval_losses else f"{progress.eval_losses[-1][1]:.4f}"),
+        ("Learning rate", "–" if progress.learning_rate is None else f"{progress.learning_rate:.2e}"),
+        ("Tokens / s", "–" if progress.tokens_per_second is None else f"{progress.tokens_per_second:,.0f}"),
+        ("Time left (ETA)", duration(progress.eta_seconds)),
+        ("Device", html.escape(str(progress.device or "–"))),
+    ]
+    rows += memory_rows(progress)
+    body = "".join(f"<tr><th>{name}</th><td>{value}</td></tr>" for name, value in rows)
+    return f'<table class="run-stats" id="run-stats">{body}</table>'
+
+
+def memory_rows(progress: RunProgress) -> list[tuple[str, str]]:
+    """Measured peak next to the estimate: the check of the memory budget on real hardware."""
+    estimate = progress.estimate or {}
+    measured = progress.peak_memory
+    if not measured:
+        estimated = _estimate_total(estimate)
+        return [("GPU memory (estimated)", gb(estimated) + (" — measured only on a GPU" if estimated else ""))]
+    out = []
+    for key, label in (("nvml_used", "GPU memory used (nvidia-smi)"), ("reserved_peak", "Reserved by PyTorch, peak"),
+                       ("allocated_peak", "Allocated by tensors, peak")):
+        if key in measured:
+            est_key = {"nvml_used": "total"}.get(key, key)
+            est = _estimate_value(estimate, est_key)
+            out.append((label, f"{gb(measured[key])} (estimated {gb(est)})"))
+    return out
+
+
+def _estimate_value(estimate: dict[str, Any], key: str) -> float | None:
+    value = estimate.get(key)
+    if isinstance(value, int | float):
+        return value
+    per_gpu = estimate.get("per_gpu")
+    if isinstance(per_gpu, dict) and isinstance(per_gpu.get(key), int | float):
+        return per_gpu[key]
+    return None
+
+
+def _estimate_total(estimate: dict[str, Any]) -> float | None:
+    return _estimate_value(estimate, "total")
+
+
+def loss_frame(progress: RunProgress):
+    """Rows (step, loss, series) for gr.LinePlot: training loss and eval loss as two coloured lines."""
+    import pandas as pd
+
+    rows = [(step, loss, "train") for step, loss in progress.losses]
+    rows += [(step, loss, "eval") for step, loss in progress.eval_losses]
+    return pd.DataFrame(rows, columns=["step", "loss", "series"])
