@@ -40,8 +40,10 @@ def fsdp_options(cfg: RunConfig, layer_classes: list[str] | None = None) -> dict
     - every decoder layer (with its LoRA matrices) is one FSDP unit, so a rank holds 1/N of each layer's
       4-bit base weights and gathers one layer at a time; `layer_classes` None = the model's own
       `_no_split_modules` (e.g. LlamaDecoderLayer), which is what accelerate falls back to;
-    - activation checkpointing is FSDP's own (per wrapped layer), not the HF flag, which would add a
-      redundant all-gather in backward;
+    - activation checkpointing stays the HF flag (non-reentrant torch.utils.checkpoint per decoder layer),
+      not FSDP's own: FSDP's wraps every layer in a CheckpointWrapper whose `_checkpoint_wrapped_module`
+      name PEFT does not strip when it picks the adapter weights out of the gathered state dict, so the
+      saved adapter came out empty (peft 0.21, accelerate 1.15);
     - the state dict is gathered in full for saving so the adapter is an ordinary, unsharded PEFT adapter.
     """
     dist = cfg.distributed
@@ -51,7 +53,7 @@ def fsdp_options(cfg: RunConfig, layer_classes: list[str] | None = None) -> dict
         # FSDP2 has no sharding-strategy enum: shard_grad_op = keep parameters gathered after forward.
         "reshard_after_forward": dist.fsdp_sharding != "shard_grad_op",
         "cpu_offload": dist.cpu_offload,
-        "activation_checkpointing": cfg.memory.gradient_checkpointing,
+        "activation_checkpointing": False,
         "state_dict_type": "FULL_STATE_DICT",
         # Each rank loads the (small, 4-bit) model itself; rank-0-only loading is skipped for
         # bitsandbytes weights by accelerate anyway, so one setting fits both cases.
@@ -69,9 +71,6 @@ def sft_distributed_args(cfg: RunConfig) -> dict[str, Any]:
     args: dict[str, Any] = {
         "fsdp": True,
         "fsdp_config": fsdp_options(cfg),
-        # FSDP checkpoints activations itself (fsdp_config); the Trainer refuses both at once.
-        "activation_checkpointing": False,
-        "activation_checkpointing_kwargs": None,
     }
     if cfg.distributed.fsdp_sharding == "hybrid_shard":
         from accelerate.parallelism_config import ParallelismConfig
@@ -93,3 +92,43 @@ def rank_placement(cfg: RunConfig, *, on_cuda: bool) -> dict[str, Any]:
     if not on_cuda or cfg.distributed.strategy == "single":
         return {}
     return {"device_map": {"": local_rank()}}
+
+
+def local_parameter_summary(model) -> dict[str, int]:
+    """What this rank holds: frozen (base) and trainable (LoRA) parameters, whole and as local shards.
+
+    FSDP2 turns parameters into DTensors whose `to_local()` is this rank's shard; under DDP every rank
+    holds everything, so local == full.
+    """
+    summary = {"base_numel": 0, "base_local_numel": 0, "base_local_bytes": 0, "trainable_numel": 0,
+               "trainable_local_numel": 0}
+    for param in model.parameters():
+        local = param.to_local() if hasattr(param, "to_local") else param
+        kind = "trainable" if param.requires_grad else "base"
+        summary[f"{kind}_numel"] += param.numel()
+        summary[f"{kind}_local_numel"] += local.numel()
+        if kind == "base":
+            summary["base_local_bytes"] += local.numel() * local.element_size()
+    return summary
+
+
+def shard_report_callback(events):
+    """A TrainerCallback that records, once training starts, what each rank holds (a "shards" event).
+
+    Built in a function so that importing this module does not import transformers.
+    """
+    from transformers import TrainerCallback
+
+    class ShardReport(TrainerCallback):
+        def on_train_begin(self, args, state, control, model=None, **kwargs):
+            import torch.distributed as dist
+
+            if model is None or not (dist.is_available() and dist.is_initialized()):
+                return
+            mine = {"rank": dist.get_rank(), **local_parameter_summary(model)}
+            everyone: list[dict[str, int] | None] = [None] * dist.get_world_size()
+            dist.all_gather_object(everyone, mine)  # collective: every rank takes part
+            if state.is_world_process_zero:
+                events.emit("shards", strategy=args.fsdp and "fsdp" or "ddp", ranks=everyone)
+
+    return ShardReport()

@@ -40,13 +40,18 @@ MERGE_CHECK_FILE = "merge_check.json"
 CARD_FILE = "README.md"
 DEFAULT_MAX_SHARD_SIZE = "5GB"
 DTYPE_ALIASES: dict[str, Dtype] = {
-    "bf16": "bfloat16", "bfloat16": "bfloat16", "fp16": "float16", "float16": "float16",
-    "fp32": "float32", "float32": "float32",
+    "bf16": "bfloat16",
+    "bfloat16": "bfloat16",
+    "fp16": "float16",
+    "float16": "float16",
+    "fp32": "float32",
+    "float32": "float32",
 }
 # Merge check: max |merged - unmerged| over all logits, divided by the largest |logit| of the unmerged
 # model. fp32 differs only by summation order; half precision rounds W + BA once per weight (8 or 11
-# mantissa bits), and the rounding error grows through the layers.
-MERGE_TOLERANCE: dict[str, float] = {"float32": 1e-4, "bfloat16": 5e-2, "float16": 1e-2}
+# mantissa bits) and the rounding grows through the layers: SmolLM2-135M with a strong random adapter
+# measured 5e-6 (fp32), 5e-3 (fp16) and 4e-2 (bf16), hence these bounds.
+MERGE_TOLERANCE: dict[str, float] = {"float32": 1e-4, "bfloat16": 1e-1, "float16": 2e-2}
 CHECK_PROMPTS = (
     "The capital of France is",
     "def fibonacci(n):\n    ",
@@ -166,16 +171,24 @@ def read_export_marker(folder: Path) -> dict[str, Any] | None:
 def reusable_export(folder: Path, kind: str, dtype: str | None, fingerprint: str) -> bool:
     """True when `folder` is a complete export of this same adapter (same kind and dtype)."""
     marker = read_export_marker(folder)
-    return bool(marker) and marker.get("kind") == kind and marker.get("dtype") == dtype and (
-        marker.get("adapter_sha256") == fingerprint
+    return (
+        bool(marker)
+        and marker.get("kind") == kind
+        and marker.get("dtype") == dtype
+        and (marker.get("adapter_sha256") == fingerprint)
     )
 
 
 def _write_marker(folder: Path, kind: str, dtype: str | None, fingerprint: str) -> None:
     from . import __version__
 
-    marker = {"kind": kind, "dtype": dtype, "adapter_sha256": fingerprint, "created": round(time.time()),
-              "finetune_app_version": __version__}
+    marker = {
+        "kind": kind,
+        "dtype": dtype,
+        "adapter_sha256": fingerprint,
+        "created": round(time.time()),
+        "finetune_app_version": __version__,
+    }
     (folder / EXPORT_MARKER).write_text(json.dumps(marker, indent=2) + "\n", encoding="utf-8")
 
 
@@ -185,7 +198,11 @@ def write_card(run: RunFiles, folder: Path, kind: str, repo_id: str | None = Non
 
     check = _read_json(folder / MERGE_CHECK_FILE)
     card = build_model_card(
-        run.cfg, training_record(run.events), kind, repo_id=repo_id, merge_check=check,
+        run.cfg,
+        training_record(run.events),
+        kind,
+        repo_id=repo_id,
+        merge_check=check,
         has_loss_curve=(folder / LOSS_CURVE_FILE).is_file(),
     )
     if atomic:
@@ -360,7 +377,12 @@ def base_param_count(base_path: str, model: ModelSection) -> int:
     from accelerate import init_empty_weights
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    config = AutoConfig.from_pretrained(base_path, revision=model.revision, trust_remote_code=model.trust_remote_code)
+    try:
+        config = AutoConfig.from_pretrained(
+            base_path, revision=model.revision, trust_remote_code=model.trust_remote_code
+        )
+    except OSError as exc:
+        raise ExportError(f"cannot read the base model {base_path}: {exc}") from None
     with init_empty_weights():
         empty = AutoModelForCausalLM.from_config(config, trust_remote_code=model.trust_remote_code)
     return sum(param.numel() for param in empty.parameters())
@@ -451,16 +473,26 @@ def all_logits(model, inputs: list[dict[str, Any]]) -> list[Any]:
 
 
 def compare_logits(reference: list[Any], merged: list[Any], dtype: str, device: str) -> dict[str, Any]:
-    """The merge check figure: max |merged - unmerged| relative to the largest |logit|."""
-    max_diff = max(float((a - b).abs().max()) for a, b in zip(reference, merged, strict=True))
-    scale = max(float(a.abs().max()) for a in reference) or 1.0
-    relative = max_diff / scale
+    """The merge check figure: max |merged - unmerged| relative to the largest |logit| (plus RMS and
+    how often the most likely next token agrees, for a reader who wants more than one number)."""
+    import torch
+
+    ref, new = torch.cat([a[0] for a in reference]), torch.cat([b[0] for b in merged])
+    max_diff = float((new - ref).abs().max())
+    scale = float(ref.abs().max()) or 1.0
     tolerance = MERGE_TOLERANCE[dtype]
     return {
-        "dtype": dtype, "device": device, "prompts": len(reference),
-        "tokens": sum(int(a.shape[1]) for a in reference),
-        "max_abs_diff": max_diff, "logit_scale": scale, "relative_diff": relative,
-        "tolerance": tolerance, "passed": relative <= tolerance,
+        "dtype": dtype,
+        "device": device,
+        "prompts": len(reference),
+        "tokens": int(ref.shape[0]),
+        "max_abs_diff": max_diff,
+        "logit_scale": scale,
+        "relative_diff": max_diff / scale,
+        "rms_relative_diff": float((new - ref).pow(2).mean().sqrt() / ref.pow(2).mean().sqrt()),
+        "top1_agreement": float((new.argmax(-1) == ref.argmax(-1)).float().mean()),
+        "tolerance": tolerance,
+        "passed": max_diff / scale <= tolerance,
     }
 
 
@@ -492,8 +524,10 @@ def merge_adapter(
     device = choose_merge_device(
         plan, ram_available=ram_available_bytes(), disk_free=free_disk_bytes(target), gpu_free=gpu_free_bytes()
     )
-    say(f"Merging on {device} (RAM available {ram_available_bytes() / GIB:.1f} GiB, "
-        f"disk free {free_disk_bytes(target) / GIB:.1f} GiB)")
+    say(
+        f"Merging on {device} (RAM available {ram_available_bytes() / GIB:.1f} GiB, "
+        f"disk free {free_disk_bytes(target) / GIB:.1f} GiB)"
+    )
     merged, tokenizer, check = _merge_and_check(run, base_path, revision, dtype, device, say)
     with atomic_dir(target) as tmp:
         say(f"Saving the merged model to {target} ...")
@@ -509,7 +543,8 @@ def merge_adapter(
 
 def _adapter_params(adapter_dir: Path) -> int:
     return sum(
-        _count(info["shape"]) for name, info in _safetensors_header(adapter_dir / ADAPTER_WEIGHTS).items()
+        _count(info["shape"])
+        for name, info in _safetensors_header(adapter_dir / ADAPTER_WEIGHTS).items()
         if name != "__metadata__"
     )
 
@@ -528,10 +563,16 @@ def _merge_and_check(run: RunFiles, base_path: str, revision: str | None, dtype:
 
     tokenizer = AutoTokenizer.from_pretrained(str(run.adapter_dir))
     say(f"Loading the base {base_path} un-quantized in {dtype} ...")
-    base = AutoModelForCausalLM.from_pretrained(
-        base_path, revision=revision, dtype=getattr(torch, dtype), device_map={"": device},
-        trust_remote_code=run.cfg.model.trust_remote_code,
-    )
+    try:
+        base = AutoModelForCausalLM.from_pretrained(
+            base_path,
+            revision=revision,
+            dtype=getattr(torch, dtype),
+            device_map={"": device},
+            trust_remote_code=run.cfg.model.trust_remote_code,
+        )
+    except OSError as exc:
+        raise ExportError(f"cannot load the base model {base_path}: {exc}") from None
     if base.get_input_embeddings().weight.shape[0] < len(tokenizer):
         base.resize_token_embeddings(len(tokenizer))  # the run added tokens; the adapter expects them
     model = PeftModel.from_pretrained(base, str(run.adapter_dir)).eval()
@@ -560,7 +601,12 @@ def _merge_and_check(run: RunFiles, base_path: str, revision: str | None, dtype:
 
 
 def push_export(
-    run_dir: Path | str, folder: Path | str, repo_id: str, private: bool, *, progress: Progress = None,
+    run_dir: Path | str,
+    folder: Path | str,
+    repo_id: str,
+    private: bool,
+    *,
+    progress: Progress = None,
     cfg: RunConfig | None = None,
 ) -> str:
     """Push a finished export folder; its card is rewritten first so the usage code names `repo_id`."""
@@ -631,13 +677,22 @@ def add_export_arguments(parser: argparse.ArgumentParser) -> None:
     what = parser.add_mutually_exclusive_group(required=True)
     what.add_argument("--adapter", action="store_true", help="export the LoRA adapter (small)")
     what.add_argument("--merge", action="store_true", help="merge the adapter into an un-quantized copy of the base")
-    parser.add_argument("--dtype", choices=["bf16", "fp16", "fp32"], help="merged weights dtype (default: export.merge_dtype)")
+    parser.add_argument(
+        "--dtype", choices=["bf16", "fp16", "fp32"], help="merged weights dtype (default: export.merge_dtype)"
+    )
     parser.add_argument("--push", metavar="REPO_ID", help="push the export to this Hub repo (namespace/name)")
     visibility = parser.add_mutually_exclusive_group()
-    visibility.add_argument("--private", dest="private", action="store_true", default=None,
-                            help="create the Hub repo private (default: export.private of the run, normally true)")
+    visibility.add_argument(
+        "--private",
+        dest="private",
+        action="store_true",
+        default=None,
+        help="create the Hub repo private (default: export.private of the run, normally true)",
+    )
     visibility.add_argument("--public", dest="private", action="store_false", help="create the Hub repo public")
-    parser.add_argument("--output", type=Path, help="export folder (default: RUN_DIR/exports/adapter or merged-<dtype>)")
+    parser.add_argument(
+        "--output", type=Path, help="export folder (default: RUN_DIR/exports/adapter or merged-<dtype>)"
+    )
     parser.add_argument("--rebuild", action="store_true", help="rebuild even if an up-to-date export exists")
     parser.add_argument("--max-shard-size", default=DEFAULT_MAX_SHARD_SIZE, help="merged safetensors shard size")
 
@@ -646,6 +701,9 @@ def run_export(args: argparse.Namespace) -> int:
     try:
         export_from_args(args, progress=print)
     except (ExportError, PushError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    except OSError as exc:  # disk full, permissions, ... : the message is what the user needs
         print(f"error: {exc}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
@@ -664,8 +722,14 @@ def export_from_args(args: argparse.Namespace, progress: Progress = print) -> Pa
         preflight_push(args.push, private)
     if args.merge:
         folder = merge_adapter(
-            run.run_dir, dtype=args.dtype, output=args.output, repo_id=args.push, rebuild=args.rebuild,
-            max_shard_size=args.max_shard_size, progress=progress, cfg=run.cfg,
+            run.run_dir,
+            dtype=args.dtype,
+            output=args.output,
+            repo_id=args.push,
+            rebuild=args.rebuild,
+            max_shard_size=args.max_shard_size,
+            progress=progress,
+            cfg=run.cfg,
         )
     else:
         folder = export_adapter(

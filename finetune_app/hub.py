@@ -63,7 +63,9 @@ def check_online() -> None:
     from huggingface_hub import constants
 
     if constants.is_offline_mode():
-        raise PushError("HF_HUB_OFFLINE is set, so nothing can be pushed: unset HF_HUB_OFFLINE (and TRANSFORMERS_OFFLINE)")
+        raise PushError(
+            "HF_HUB_OFFLINE is set, so nothing can be pushed: unset HF_HUB_OFFLINE (and TRANSFORMERS_OFFLINE)"
+        )
 
 
 def check_repo_id(repo_id: str) -> str:

@@ -79,7 +79,12 @@ def public_base_id(model: ModelSection) -> str | None:
 
 def hub_dataset_id(cfg: RunConfig) -> str | None:
     path = cfg.data.path
-    if path.startswith("builtin:") or os.path.exists(path) or Path(path).suffix in DATA_SUFFIXES or path.count("/") != 1:
+    if (
+        path.startswith("builtin:")
+        or os.path.exists(path)
+        or Path(path).suffix in DATA_SUFFIXES
+        or path.count("/") != 1
+    ):
         return None
     return path
 
@@ -226,7 +231,9 @@ def _training(cfg: RunConfig, record: TrainingRecord, has_loss_curve: bool) -> s
     if end:
         status = end.get("status", "?")
         runtime = end.get("runtime_seconds")
-        lines.append(f"- Run status: {status}" + (f", {runtime / 60:.1f} min" if isinstance(runtime, int | float) else ""))
+        lines.append(
+            f"- Run status: {status}" + (f", {runtime / 60:.1f} min" if isinstance(runtime, int | float) else "")
+        )
     if record.device:
         lines.append(f"- Device: {record.device}")
     if has_loss_curve:
@@ -273,7 +280,8 @@ def _merge_check(check: dict[str, Any]) -> str:
             f"the unmerged base + adapter on {check['prompts']} prompts ({check['tokens']} token positions): "
             f"max |difference| = {check['max_abs_diff']:.3g}, which is {check['relative_diff']:.3g} of the largest "
             f"logit magnitude ({check['logit_scale']:.3g}); tolerance {check['tolerance']:g} for {check['dtype']} "
-            f"-> {verdict}.",
+            f"-> {verdict}. RMS difference {check['rms_relative_diff']:.3g} of the RMS logit; the most likely next "
+            f"token agrees at {check['top1_agreement']:.1%} of positions. Figures are in `merge_check.json`.",
         ]
     )
 

@@ -93,7 +93,7 @@ def _train(cfg: RunConfig, run_dir: Path, events: EventLog, *, resume: bool, log
     from .attention import choose_attention, flash_attn_installed
     from .callbacks import EventCallback, StopOnSignal
     from .data import load_training_data
-    from .distributed import rank_placement
+    from .distributed import rank_placement, shard_report_callback
     from .model_source import resolve_model
     from .translate import model_load_kwargs, to_lora_config, to_sft_config
 
@@ -126,7 +126,7 @@ def _train(cfg: RunConfig, run_dir: Path, events: EventLog, *, resume: bool, log
     trainer = SFTTrainer(
         model=model, args=args, train_dataset=bundle.train, eval_dataset=bundle.eval,
         processing_class=tokenizer, peft_config=to_lora_config(cfg),
-        callbacks=[EventCallback(events, on_cuda=on_cuda), stop],
+        callbacks=[EventCallback(events, on_cuda=on_cuda), stop, shard_report_callback(events)],
     )
     trainer.remove_callback(PrinterCallback)  # EventCallback prints progress instead of raw dicts
     checkpoint = last_checkpoint(run_dir) if resume else None

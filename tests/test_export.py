@@ -47,15 +47,40 @@ def make_run_dir(root: Path, base_dir: Path, *, seed: int = 0, config: dict | No
 
 def fake_events(run: Path) -> list[dict]:
     estimate = {"weights": 3 * GIB // 2, "lora": GIB // 10, "activations": GIB, "total": 3 * GIB}
-    events = [{"event": "start", "time": 1.0, "run_dir": str(run), "total_steps": 4, "estimate": estimate,
-               "device": "NVIDIA test GPU"}]
+    events = [
+        {
+            "event": "start",
+            "time": 1.0,
+            "run_dir": str(run),
+            "total_steps": 4,
+            "estimate": estimate,
+            "device": "NVIDIA test GPU",
+        }
+    ]
     for step in range(1, 5):
         memory = {"allocated_peak": int(2.0 * GIB) + step, "reserved_peak": int(2.5 * GIB) + step}
-        events.append({"event": "log", "time": 1.0 + step, "step": step, "total_steps": 4, "loss": 3.0 / step,
-                       "learning_rate": 2e-4, "memory": memory})
+        events.append(
+            {
+                "event": "log",
+                "time": 1.0 + step,
+                "step": step,
+                "total_steps": 4,
+                "loss": 3.0 / step,
+                "learning_rate": 2e-4,
+                "memory": memory,
+            }
+        )
     events.append({"event": "eval", "time": 6.0, "step": 4, "eval_loss": 1.1})
-    events.append({"event": "end", "time": 7.0, "status": "completed", "adapter_path": str(run / "adapter"),
-                   "train_loss": 1.2, "runtime_seconds": 90.0})
+    events.append(
+        {
+            "event": "end",
+            "time": 7.0,
+            "status": "completed",
+            "adapter_path": str(run / "adapter"),
+            "train_loss": 1.2,
+            "runtime_seconds": 90.0,
+        }
+    )
     return events
 
 
@@ -92,7 +117,9 @@ def logits_of(model, tokenizer, text: str = "The capital of France is"):
 def test_adapter_export_has_weights_tokenizer_config_card_and_curve(run_dir):
     folder = ex.export_adapter(run_dir, rebuild=True)
     assert folder == run_dir / "exports" / "adapter"
-    assert (folder / "adapter_model.safetensors").read_bytes() == (run_dir / "adapter" / "adapter_model.safetensors").read_bytes()
+    assert (folder / "adapter_model.safetensors").read_bytes() == (
+        run_dir / "adapter" / "adapter_model.safetensors"
+    ).read_bytes()
     assert (folder / "config.yaml").read_text() == (run_dir / "config.yaml").read_text()
     for name in ("tokenizer.json", "tokenizer_config.json", "adapter_config.json", "finetune_app_export.json"):
         assert (folder / name).is_file(), name

@@ -8,7 +8,7 @@ from test_export import cli, make_run_dir, tree_bytes
 
 from finetune_app import hub
 from finetune_app.config import load_config
-from finetune_app.export import export_after_training, export_adapter, read_export_marker
+from finetune_app.export import export_adapter, export_after_training, read_export_marker
 
 TOKEN = "hf_test_alice_write_token"
 
@@ -42,6 +42,7 @@ def test_push_adapter_creates_private_repo_with_the_export_byte_for_byte(hub_ser
     assert 'PeftModel.from_pretrained(base, "alice/tiny-adapter")' in card
     assert "training_loss.png" in repo.files and "![Training loss](training_loss.png)" in card
     assert "| total | 3.00 |" in card and "allocated_peak: 2.00 GiB" in card
+    assert card in hub_server.state.validated_cards  # the client had the Hub validate the card's metadata
     assert "Pushed to" in capsys.readouterr().out
 
 
@@ -171,10 +172,17 @@ def test_namespace_write_problem_is_a_pure_function_of_whoami():
     whoami = {
         "name": "alice",
         "orgs": [{"name": "acme", "roleInOrg": "admin"}, {"name": "viewers", "roleInOrg": "read"}],
-        "auth": {"accessToken": {"role": "fineGrained", "fineGrained": {"scoped": [
-            {"entity": {"type": "org", "name": "acme"}, "permissions": ["repo.write"]},
-            {"entity": {"type": "model", "name": "alice/one"}, "permissions": ["repo.write"]},
-        ]}}},
+        "auth": {
+            "accessToken": {
+                "role": "fineGrained",
+                "fineGrained": {
+                    "scoped": [
+                        {"entity": {"type": "org", "name": "acme"}, "permissions": ["repo.write"]},
+                        {"entity": {"type": "model", "name": "alice/one"}, "permissions": ["repo.write"]},
+                    ]
+                },
+            }
+        },
     }
     assert hub.namespace_write_problem(whoami, "acme", "acme/x") is None
     assert hub.namespace_write_problem(whoami, "alice", "alice/one") is None

@@ -79,31 +79,25 @@ def build_app() -> gr.Blocks:
             with gr.Tab("2 · Configure", id="configure"):
                 with gr.Row(equal_height=False):
                     with gr.Column(scale=3):
-                        with gr.Row():
+                        with gr.Row(equal_height=True):
                             preset_pick = gr.Dropdown(
                                 label="Preset", choices=presets.list_presets(), value=preset0, scale=3,
                                 info="Saved settings (YAML files in the presets/ folder).", elem_id="preset-pick",
                             )
-                            preset_load = gr.Button("Load", scale=0, elem_id="preset-load")
-                            preset_name = gr.Textbox(label="Save as", placeholder="my-run", scale=2)
-                            preset_save = gr.Button("Save", scale=0)
+                            preset_load = gr.Button("Load preset", scale=1, min_width=90, elem_id="preset-load")
+                            preset_name = gr.Textbox(
+                                label="Save as", placeholder="my-run", scale=2, info="Name for a new preset file."
+                            )
+                            preset_save = gr.Button("Save preset", scale=1, min_width=90, elem_id="preset-save")
                         preset_msg = gr.Markdown(elem_id="preset-message")
-                        widgets = _section_widgets(specs, values0)
+                        widgets, extras = _section_widgets(specs, values0, {"data": _data_extras})
                         by_key = dict(zip([s.key for s in specs], widgets, strict=True))
-                        with gr.Accordion("Upload a dataset file / preview the data", open=True):
-                            with gr.Row():
-                                upload = gr.File(
-                                    label="Upload .jsonl / .json / .csv / .parquet (sets data path)",
-                                    file_types=[".json", ".jsonl", ".csv", ".parquet"],
-                                    scale=2,
-                                )
-                                preview_btn = gr.Button("Preview the first examples", scale=1, elem_id="preview-btn")
-                            preview = gr.HTML(elem_id="preview-panel")
+                        upload, preview_btn, preview = extras["data"]
                     with gr.Column(scale=2, elem_id="budget-column"):
+                        errors = gr.Markdown(elem_id="config-errors")
                         budget = gr.HTML(elem_id="budget-panel")
                         advice = gr.Markdown(elem_id="budget-advice")
                         fit_btn = gr.Button("Fit to my GPU", variant="secondary", elem_id="fit-btn")
-                        errors = gr.Markdown(elem_id="config-errors")
                         command = gr.Code(label="Same run from a terminal", language="shell", elem_id="headless-cmd")
 
             # ------------------------------------------------------------------ 3 Train
@@ -359,22 +353,41 @@ def build_app() -> gr.Blocks:
 # Helpers used by the wiring above
 
 
-def _section_widgets(specs: list[FieldSpec], values: list[Any]) -> list[gr.components.Component]:
-    """One accordion per RunConfig section, every field inside, in declaration order."""
+def _section_widgets(specs: list[FieldSpec], values: list[Any], extras: dict[str, Any]):
+    """One accordion per RunConfig section with every field inside, in declaration order.
+
+    `extras` maps a section to a function that adds more components at the end of its accordion; what it
+    returns is handed back under the same key.
+    """
     titles = section_titles()
     widgets: list[gr.components.Component] = []
-    index = 0
-    while index < len(specs):
-        section = specs[index].section
-        group = [i for i in range(index, len(specs)) if specs[i].section == section]
+    made: dict[str, Any] = {}
+    sections = list(dict.fromkeys(spec.section for spec in specs))
+    for section in sections:
+        group = [i for i, spec in enumerate(specs) if spec.section == section]
         with gr.Accordion(f"{section} · {titles[section]}", open=section in OPEN_SECTIONS, elem_id=f"section-{section}"):
             with gr.Group():
                 for row_start in range(0, len(group), 2):
                     with gr.Row(equal_height=True):
                         for i in group[row_start : row_start + 2]:
                             widgets.append(make_widget(specs[i], values[i]))
-        index = group[-1] + 1
-    return widgets
+            if section in extras:
+                made[section] = extras[section]()
+    return widgets, made
+
+
+def _data_extras():
+    """Upload and preview, inside the data section."""
+    with gr.Row(equal_height=True):
+        upload = gr.File(
+            label="Upload a .jsonl / .json / .csv / .parquet file (sets data path)",
+            file_types=[".json", ".jsonl", ".csv", ".parquet"],
+            height=120,
+            scale=2,
+        )
+        preview_btn = gr.Button("Preview the first examples as the model sees them", scale=1, elem_id="preview-btn")
+    preview = gr.HTML(elem_id="preview-panel")
+    return upload, preview_btn, preview
 
 
 def _triggers(spec: FieldSpec, widget):

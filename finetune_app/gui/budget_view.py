@@ -29,6 +29,8 @@ COMPONENTS = (
 VERDICT_TEXT = {"fits": "Fits", "tight": "Tight", "does_not_fit": "Does not fit", "unknown": "No GPU to compare"}
 
 CSS = """
+#budget-column { position: sticky; top: 8px; align-self: flex-start; }
+#config-errors pre { color: #b91c1c; white-space: pre-wrap; }
 #budget-panel .budget-head { font-size: 1.05em; margin-bottom: .4em; }
 #budget-total { font-weight: 700; font-size: 1.35em; }
 .verdict { display: inline-block; padding: .1em .6em; border-radius: 1em; font-weight: 700; color: white; }
@@ -155,9 +157,16 @@ def render(cfg: RunConfig, gpus: list[Any], max_suggestions: int = 4) -> tuple[s
     verdicts = [advice.verdict(estimate, gpu.total_bytes) for gpu in used]
     order = ("fits", "tight", "does_not_fit")
     status = max((v.status for v in verdicts), key=order.index) if verdicts else "unknown"
-    warnings = hardware_problems(cfg, used) if used else []
-    page = budget_html(estimate, used, status, [f"Warning: {w}" for w in warnings])
+    warnings = [f"Warning: {problem}" for problem in (hardware_problems(cfg, used) if used else [])]
+    page = budget_html(estimate, used, status, [*warnings, model_line(shape)])
     return page, advice_markdown(status, verdicts, sorted(tips, key=lambda t: -t.saving)[:max_suggestions])
+
+
+def model_line(shape: Any) -> str:
+    return (
+        f"Model: {shape.model_type}, {shape.total_params / 1e9:.2f} B parameters, {shape.num_layers} layers, "
+        f"hidden size {shape.hidden_size}, vocabulary {shape.vocab_size:,} (from its config.json; no weights loaded)."
+    )
 
 
 def advice_markdown(status: str, verdicts: list[Any], tips: list[Any]) -> str:

@@ -130,6 +130,8 @@ def apply_event(progress: RunProgress, event: dict[str, Any]) -> None:
         progress.total_steps = event.get("total_steps") or progress.total_steps
         progress.estimate = event.get("estimate") or {}
         progress.device = event.get("device")
+    elif kind == "train_begin":
+        progress.total_steps = event.get("total_steps") or progress.total_steps
     elif kind == "log":
         progress.step = event.get("step", progress.step) or progress.step
         progress.total_steps = event.get("total_steps") or progress.total_steps

@@ -17,7 +17,7 @@ STATE_TEXT = {
 
 
 def gb(value: float | int | None) -> str:
-    return "–" if value is None else f"{value / 1e9:.2f} GB"
+    return "–" if value is None else f"{value / (1 << 30):.2f} GiB"
 
 
 def duration(seconds: float | None) -> str:
@@ -82,31 +82,26 @@ def memory_rows(progress: RunProgress) -> list[tuple[str, str]]:
     """Measured peak next to the estimate: the check of the memory budget on real hardware."""
     estimate = progress.estimate or {}
     measured = progress.peak_memory
-    if not measured:
-        estimated = _estimate_total(estimate)
-        return [("GPU memory (estimated)", gb(estimated) + (" — measured only on a GPU" if estimated else ""))]
     out = []
-    for key, label in (("nvml_used", "GPU memory used (nvidia-smi)"), ("reserved_peak", "Reserved by PyTorch, peak"),
-                       ("allocated_peak", "Allocated by tensors, peak")):
+    for key, est_key, label in (
+        ("nvml_used", "total", "GPU memory used (nvidia-smi)"),
+        ("reserved_peak", "reserved_peak", "Reserved by PyTorch, peak"),
+        ("allocated_peak", "allocated_peak", "Allocated by tensors, peak"),
+    ):
         if key in measured:
-            est_key = {"nvml_used": "total"}.get(key, key)
-            est = _estimate_value(estimate, est_key)
-            out.append((label, f"{gb(measured[key])} (estimated {gb(est)})"))
+            out.append((label, f"{gb(measured[key])} (estimated {gb(_estimate_value(estimate, est_key))})"))
+    if not out:
+        estimated = _estimate_value(estimate, "total")
+        out.append(("GPU memory", f"estimated {gb(estimated)}; measured only on a GPU" if estimated else "–"))
+    if "host_rss" in measured:
+        out.append(("CPU RAM of the training process, peak", gb(measured["host_rss"])))
     return out
 
 
 def _estimate_value(estimate: dict[str, Any], key: str) -> float | None:
+    """A figure of the estimate the runner recorded in its start event (MemoryEstimate.to_dict())."""
     value = estimate.get(key)
-    if isinstance(value, int | float):
-        return value
-    per_gpu = estimate.get("per_gpu")
-    if isinstance(per_gpu, dict) and isinstance(per_gpu.get(key), int | float):
-        return per_gpu[key]
-    return None
-
-
-def _estimate_total(estimate: dict[str, Any]) -> float | None:
-    return _estimate_value(estimate, "total")
+    return value if isinstance(value, int | float) else None
 
 
 def loss_frame(progress: RunProgress):

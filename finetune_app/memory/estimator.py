@@ -105,7 +105,7 @@ def weight_bytes(cfg: RunConfig, shape: ModelShape) -> tuple[int, int]:
     c = DTYPE_BYTES[cfg.model.dtype]
     plain = 4 if KBIT_FP32_UPCAST and cfg.is_quantized else c  # embeddings, lm_head, norms, experts
     other = shape.embedding_params + shape.lm_head_params + shape.norm_params + shape.expert_params
-    decoder = [m for m in shape.linear_modules() if not m.is_output]
+    decoder = [m for m in shape.linear_modules() if m.quantized]
     if not cfg.is_quantized:
         return (other + shape.decoder_linear_params) * c, 0
     q = cfg.quantization
@@ -117,7 +117,7 @@ def weight_bytes(cfg: RunConfig, shape: ModelShape) -> tuple[int, int]:
 def trainable_params(cfg: RunConfig, shape: ModelShape) -> int:
     if cfg.lora.adapter == "none":
         return shape.total_params
-    return sum(m.count * cfg.lora.r * (m.in_features + m.out_features) for m in lora_modules(cfg, shape))
+    return sum(m.lora_params(cfg.lora.r) for m in lora_modules(cfg, shape))
 
 
 def lora_modules(cfg: RunConfig, shape: ModelShape) -> tuple[LinearModule, ...]:
@@ -148,8 +148,11 @@ def _adafactor_factors(cfg: RunConfig, shape: ModelShape) -> int:
     """Adafactor keeps a row and a column second-moment vector per matrix (no first moment)."""
     r = cfg.lora.r
     if cfg.lora.adapter == "lora":
-        return sum(m.count * ((r + m.in_features) + (m.out_features + r)) for m in lora_modules(cfg, shape))
-    linears = sum(m.count * (m.in_features + m.out_features) for m in shape.linear_modules())
+        return sum(
+            m.count * ((r * m.rank_factor + m.in_features) + (m.out_features + r * m.rank_factor))
+            for m in lora_modules(cfg, shape)
+        )
+    linears = sum(m.count * (m.in_features + m.out_features) for m in shape.linear_modules() if m.kind == "linear")
     return linears + shape.vocab_size + shape.hidden_size + shape.norm_params
 
 
@@ -198,7 +201,7 @@ def layer_activation_bytes_per_token(
         total += c * (2 * h + q + (inter if not shape.is_moe else 0))  # inputs of the linears
         total += shape.norms_per_layer * c * h  # normalized input saved for the norm weight's gradient
     for m in lora_modules(cfg, shape):
-        if m.is_output:
+        if m.is_output or m.kind == "experts":  # expert adapters see only their routed tokens
             continue
         per_layer = m.count / shape.num_layers
         copy = 2 * m.in_features if c == 2 else 4 * m.in_features

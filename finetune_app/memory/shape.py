@@ -26,6 +26,8 @@ QK_NORM = {"qwen3", "qwen3_moe", "gemma3", "gemma3_text", "olmo2"}
 FOUR_NORMS = {"gemma2", "gemma3", "gemma3_text"}  # pre/post attention and feed-forward norms
 TIED_BY_DEFAULT = {"gemma", "gemma2", "gemma3", "gemma3_text"}
 QKV_BIAS = {"qwen2", "qwen2_moe"}
+# MoE families for which PEFT's 'all-linear' also adapts the router and the fused experts.
+PEFT_MOE_EXPERTS = {"mixtral", "qwen3_moe"}
 
 
 # Published config.json sizes of the models our presets use, so their estimates work offline and
@@ -97,6 +99,11 @@ class LinearModule:
     count: int  # instances in the whole model
     bias: bool = False
     is_output: bool = False  # the lm_head: never quantized, never in 'all-linear'
+    # "linear" = a real nn.Linear (bitsandbytes quantizes it); "router" = an MoE router (not quantized);
+    # "experts" = fused 3-D expert weights that PEFT adapts only under 'all-linear', with one LoRA of
+    # rank r * rank_factor spanning all experts.
+    kind: str = "linear"
+    rank_factor: int = 1
 
     @property
     def name(self) -> str:
@@ -105,6 +112,13 @@ class LinearModule:
     @property
     def params(self) -> int:
         return self.count * (self.in_features * self.out_features + (self.out_features if self.bias else 0))
+
+    @property
+    def quantized(self) -> bool:
+        return self.kind == "linear" and not self.is_output
+
+    def lora_params(self, rank: int) -> int:
+        return self.count * rank * self.rank_factor * (self.in_features + self.out_features)
 
 
 @dataclass(frozen=True)
@@ -169,7 +183,8 @@ class ModelShape:
 
     @property
     def decoder_linear_params(self) -> int:
-        return sum(m.params for m in self.linear_modules() if not m.is_output)
+        """Parameters of the nn.Linear layers of the decoder blocks (what bitsandbytes quantizes)."""
+        return sum(m.params for m in self.linear_modules() if m.quantized)
 
     @property
     def total_params(self) -> int:
@@ -184,7 +199,7 @@ class ModelShape:
     @property
     def largest_linear(self) -> int:
         """Elements of the biggest decoder weight matrix (the dequantization temporary of 4-bit)."""
-        sizes = [m.in_features * m.out_features for m in self.linear_modules() if not m.is_output]
+        sizes = [m.in_features * m.out_features for m in self.linear_modules() if m.quantized]
         if self.is_moe:
             sizes.append(2 * self.hidden_size * self.expert_intermediate_size * self.num_experts)
         return max(sizes)
@@ -225,6 +240,13 @@ def _linear_modules(shape: ModelShape) -> tuple[LinearModule, ...]:
             LinearModule(f"{p}.mlp.shared_expert.down_proj", s, h, L),
             LinearModule(f"{p}.mlp.shared_expert_gate", h, 1, L),
         ]
+    if shape.is_moe and shape.model_type in PEFT_MOE_EXPERTS:
+        e, ei = shape.num_experts, shape.expert_intermediate_size
+        out += [
+            LinearModule(f"{p}.mlp.gate", h, e, L, kind="router"),
+            LinearModule(f"{p}.mlp.experts.gate_up_proj", h, 2 * ei, L, kind="experts", rank_factor=2 * e),
+            LinearModule(f"{p}.mlp.experts.down_proj", ei, h, L, kind="experts", rank_factor=e),
+        ]
     out.append(LinearModule("lm_head", h, shape.vocab_size, 1, is_output=True))
     return tuple(out)
 
@@ -243,14 +265,14 @@ def resolve_lora_targets(shape: ModelShape, targets: list[str] | str) -> tuple[L
     chosen: dict[str, LinearModule] = {}
     unmatched = []
     for key in targets:
-        hits = [hit for m in modules if (hit := _match(m, key)) is not None]
+        hits = [hit for m in modules if m.kind != "experts" and (hit := _match(m, key)) is not None]
         if not hits:
             unmatched.append(key)
         for hit in hits:
             old = chosen.get(hit.path)
             chosen[hit.path] = hit if old is None or hit.count > old.count else old
-    if unmatched:
-        names = sorted({m.name for m in modules})
+    if not chosen:  # PEFT, too, only fails when no target matches anything
+        names = sorted({m.name for m in modules if m.kind != "experts"})
         raise ShapeError(
             f"lora.target_modules {unmatched} match no linear layer of this {shape.model_type} model; "
             f"its linear layers are: {', '.join(names)} (or use 'all-linear')"
@@ -275,7 +297,7 @@ def _match(module: LinearModule, key: str) -> LinearModule | None:
 
 def lora_params(shape: ModelShape, targets: list[str] | str, rank: int) -> int:
     """Trainable LoRA parameters: r * (in + out) per adapted linear."""
-    return sum(m.count * rank * (m.in_features + m.out_features) for m in resolve_lora_targets(shape, targets))
+    return sum(m.lora_params(rank) for m in resolve_lora_targets(shape, targets))
 
 
 # --- reading configs ------------------------------------------------------------------------

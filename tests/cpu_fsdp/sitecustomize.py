@@ -9,7 +9,7 @@ wrapping, sharding, gathering the state dict - is accelerate's and torch's real 
 import os
 
 if os.environ.get("FINETUNE_APP_TEST_CPU_FSDP") == "1":
-    from accelerate.state import AcceleratorState
+    from accelerate.state import AcceleratorState, PartialState
     from accelerate.utils import DistributedType
 
     _original_init = AcceleratorState.__init__
@@ -18,7 +18,10 @@ if os.environ.get("FINETUNE_APP_TEST_CPU_FSDP") == "1":
         _original_init(self, *args, **kwargs)
         plugin = kwargs.get("fsdp_plugin")
         if plugin is not None and self.distributed_type == DistributedType.MULTI_CPU:
+            # Later AcceleratorState() calls copy PartialState's shared state back in: change it there too.
+            PartialState._shared_state["distributed_type"] = DistributedType.FSDP
             self.distributed_type = DistributedType.FSDP
             self.fsdp_plugin = plugin
 
     AcceleratorState.__init__ = _init_with_cpu_fsdp
+

@@ -15,8 +15,17 @@ from finetune_app.memory.shape import (
     shape_from_config,
 )
 
-TINY = dict(hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-            vocab_size=128, pad_token_id=0, bos_token_id=1, eos_token_id=2)
+TINY = dict(
+    hidden_size=64,
+    intermediate_size=96,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    vocab_size=128,
+    pad_token_id=0,
+    bos_token_id=1,
+    eos_token_id=2,
+)
 ARCHS = {
     "llama": {},
     "qwen2": {},
@@ -26,8 +35,12 @@ ARCHS = {
     "phi3": {},
     "mistral": {},
     "mixtral": {"num_local_experts": 4, "num_experts_per_tok": 2},
-    "qwen2_moe": {"num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 48,
-                  "shared_expert_intermediate_size": 80},
+    "qwen2_moe": {
+        "num_experts": 4,
+        "num_experts_per_tok": 2,
+        "moe_intermediate_size": 48,
+        "shared_expert_intermediate_size": 80,
+    },
 }
 
 
@@ -84,14 +97,20 @@ def test_lora_params_match_peft(model_type, targets):
 
     config, model = _tiny_model(model_type)
     shape = shape_from_config(config.to_dict())
-    names = {m.name for m in shape.linear_modules()}
-    if targets != "all-linear" and not set(targets) <= names:
+    try:
+        peft_model = get_peft_model(model, LoraConfig(r=8, target_modules=targets, task_type="CAUSAL_LM"))
+    except ValueError:  # PEFT found none of the targets: so must we
         with pytest.raises(ShapeError, match="match no linear layer"):
             lora_params(shape, targets, 8)
         return
-    peft_model = get_peft_model(model, LoraConfig(r=8, target_modules=targets, task_type="CAUSAL_LM"))
     trainable, _ = peft_model.get_nb_trainable_parameters()
     assert lora_params(shape, targets, 8) == trainable
+
+
+def test_unknown_targets_are_an_error():
+    shape = shape_from_config({"model_type": "llama", **TINY})
+    with pytest.raises(ShapeError, match="q_proj"):
+        resolve_lora_targets(shape, ["query_key_value"])
 
 
 def test_layer_specific_target_counts_one_layer():
