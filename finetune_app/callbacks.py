@@ -31,8 +31,9 @@ class EventCallback(TrainerCallback):
         self.first_step = state.global_step
         self.last_tokens = state.num_input_tokens_seen
         if state.is_world_process_zero:
-            self.events.emit("train_begin", total_steps=state.max_steps, step=state.global_step,
-                             num_processes=args.world_size)
+            self.events.emit(
+                "train_begin", total_steps=state.max_steps, step=state.global_step, num_processes=args.world_size
+            )
             self.progress = TerminalProgress(state.max_steps, state.global_step)
 
     def on_log(self, args, state, control, logs=None, **kwargs):
@@ -48,10 +49,17 @@ class EventCallback(TrainerCallback):
         rate = (tokens - self.last_tokens) / max(now - self.last_time, 1e-9)
         self.last_tokens, self.last_time = tokens, now
         record = self.events.emit(
-            "log", step=state.global_step, total_steps=state.max_steps, epoch=logs.get("epoch"),
-            loss=logs["loss"], learning_rate=logs.get("learning_rate"), grad_norm=logs.get("grad_norm"),
-            tokens_per_second=round(rate * args.world_size, 1), tokens_seen=tokens,
-            eta_seconds=self._eta(state, now), memory=measure_memory(self.on_cuda),
+            "log",
+            step=state.global_step,
+            total_steps=state.max_steps,
+            epoch=logs.get("epoch"),
+            loss=logs["loss"],
+            learning_rate=logs.get("learning_rate"),
+            grad_norm=logs.get("grad_norm"),
+            tokens_per_second=round(rate * args.world_size, 1),
+            tokens_seen=tokens,
+            eta_seconds=self._eta(state, now),
+            memory=measure_memory(self.on_cuda),
         )
         if self.progress:
             self.progress.update(record)
@@ -134,7 +142,10 @@ class TerminalProgress:
             from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
             self.bar = Progress(
-                TextColumn("[bold]train"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[info]}"),
+                TextColumn("[bold]train"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TextColumn("{task.fields[info]}"),
                 TimeRemainingColumn(),
             )
             self.task = self.bar.add_task("train", total=total, completed=completed, info="")

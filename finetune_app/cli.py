@@ -18,13 +18,23 @@ EXIT_BAD_INPUT = 2
 
 def add_train_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("preset", nargs="?", help="YAML preset (presets/NAME.yaml); optional with --resume")
-    parser.add_argument("overrides", nargs="*", metavar="key=value",
-                        help="dotted overrides, e.g. training.learning_rate=1e-4 lora.r=32")
-    parser.add_argument("--set", dest="set_overrides", action="append", default=[], metavar="key=value",
-                        help="same as a positional override (repeatable)")
+    parser.add_argument(
+        "overrides", nargs="*", metavar="key=value", help="dotted overrides, e.g. training.learning_rate=1e-4 lora.r=32"
+    )
+    parser.add_argument(
+        "--set",
+        dest="set_overrides",
+        action="append",
+        default=[],
+        metavar="key=value",
+        help="same as a positional override (repeatable)",
+    )
     parser.add_argument("--run-dir", type=Path, help="run directory (default: output.dir/output.run_name)")
-    parser.add_argument("--resume", action="store_true",
-                        help="continue the run in --run-dir (or the preset's run dir) from its last checkpoint")
+    parser.add_argument(
+        "--resume",
+        action="store_true",
+        help="continue the run in --run-dir (or the preset's run dir) from its last checkpoint",
+    )
 
 
 def run_train(args: argparse.Namespace) -> int:
@@ -54,8 +64,9 @@ def run_train(args: argparse.Namespace) -> int:
     return 0
 
 
-def resolve_train_target(preset: str | None, overrides: list[str], run_dir: Path | None,
-                         resume: bool) -> tuple[RunConfig, Path]:
+def resolve_train_target(
+    preset: str | None, overrides: list[str], run_dir: Path | None, resume: bool
+) -> tuple[RunConfig, Path]:
     """The validated config and the run directory of a `train` command. Raises ConfigError."""
     if preset and "=" in preset:
         overrides = [preset, *overrides]
@@ -126,8 +137,12 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
     table = [
         ("train", "train from a YAML preset, headless", add_train_arguments, run_train),
-        ("estimate", "itemized GPU memory budget of a preset, verdict and advice", add_estimate_arguments,
-         run_estimate),
+        (
+            "estimate",
+            "itemized GPU memory budget of a preset, verdict and advice",
+            add_estimate_arguments,
+            run_estimate,
+        ),
         ("gpus", "detected GPUs and CPU memory", add_gpus_arguments, run_gpus),
         ("export", "save / merge / push the result of a run", add_export_arguments, run_export),
         ("validate", "check a preset and print it fully resolved", add_validate_arguments, run_validate),

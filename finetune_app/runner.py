@@ -64,7 +64,11 @@ def last_checkpoint(run_dir: Path) -> Path | None:
     folder = Path(run_dir) / "checkpoints"
     if not folder.is_dir():
         return None
-    done = [p for p in folder.glob("checkpoint-*") if p.name.split("-")[-1].isdigit() and (p / "trainer_state.json").exists()]
+    done = [
+        p
+        for p in folder.glob("checkpoint-*")
+        if p.name.split("-")[-1].isdigit() and (p / "trainer_state.json").exists()
+    ]
     return max(done, key=lambda p: int(p.name.split("-")[-1]), default=None)
 
 
@@ -73,8 +77,14 @@ def run_training(cfg: RunConfig, run_dir: Path, *, resume: bool = False, log=pri
     prepare_run_dir(run_dir, cfg, resume=resume)
     # Under DDP/FSDP every rank runs this function; only rank 0 writes the event log.
     events = EventLog(run_dir) if is_main_rank() else SilentEventLog()
-    events.emit("start", run_dir=str(run_dir), config=cfg.model_dump(mode="json"), resume=resume,
-                estimate=_estimate_or_none(cfg, log), device=_device_name())
+    events.emit(
+        "start",
+        run_dir=str(run_dir),
+        config=cfg.model_dump(mode="json"),
+        resume=resume,
+        estimate=_estimate_or_none(cfg, log),
+        device=_device_name(),
+    )
     try:
         return _train(cfg, run_dir, events, resume=resume, log=log)
     except BaseException as exc:
@@ -110,8 +120,11 @@ def _train(cfg: RunConfig, run_dir: Path, events: EventLog, *, resume: bool, log
         tokenizer.chat_template = bundle.chat_template
 
     attention = choose_attention(
-        cfg.memory.attention, on_cuda=on_cuda, flash_installed=flash_attn_installed(),
-        gpu_supports_flash=on_cuda and torch.cuda.get_device_capability()[0] >= 8, dtype=cfg.model.dtype,
+        cfg.memory.attention,
+        on_cuda=on_cuda,
+        flash_installed=flash_attn_installed(),
+        gpu_supports_flash=on_cuda and torch.cuda.get_device_capability()[0] >= 8,
+        dtype=cfg.model.dtype,
     )
     if attention.reason:
         log(attention.reason)
@@ -121,11 +134,16 @@ def _train(cfg: RunConfig, run_dir: Path, events: EventLog, *, resume: bool, log
     model = _load_model(resolved.path, load_kwargs, log)
 
     stop = StopOnSignal()
-    args = to_sft_config(cfg, run_dir, on_cuda=on_cuda, loss=bundle.loss, has_eval=bundle.eval is not None,
-                         extra=_distributed_args(cfg))
+    args = to_sft_config(
+        cfg, run_dir, on_cuda=on_cuda, loss=bundle.loss, has_eval=bundle.eval is not None, extra=_distributed_args(cfg)
+    )
     trainer = SFTTrainer(
-        model=model, args=args, train_dataset=bundle.train, eval_dataset=bundle.eval,
-        processing_class=tokenizer, peft_config=to_lora_config(cfg),
+        model=model,
+        args=args,
+        train_dataset=bundle.train,
+        eval_dataset=bundle.eval,
+        processing_class=tokenizer,
+        peft_config=to_lora_config(cfg),
         callbacks=[EventCallback(events, on_cuda=on_cuda), stop, shard_report_callback(events)],
     )
     trainer.remove_callback(PrinterCallback)  # EventCallback prints progress instead of raw dicts
@@ -137,8 +155,14 @@ def _train(cfg: RunConfig, run_dir: Path, events: EventLog, *, resume: bool, log
     status = "stopped" if stop.requested else "completed"
     output_path = _save_result(trainer, tokenizer, cfg, run_dir)
     if trainer.is_world_process_zero():
-        events.emit("end", status=status, adapter_path=str(output_path), train_loss=output.training_loss,
-                    runtime_seconds=output.metrics.get("train_runtime"), step=trainer.state.global_step)
+        events.emit(
+            "end",
+            status=status,
+            adapter_path=str(output_path),
+            train_loss=output.training_loss,
+            runtime_seconds=output.metrics.get("train_runtime"),
+            step=trainer.state.global_step,
+        )
         if status == "completed":
             _export_after_training(cfg, run_dir, events, log)
     return RunResult(run_dir, status, output_path, output.training_loss)
@@ -235,5 +259,15 @@ def _export_after_training(cfg: RunConfig, run_dir: Path, events: EventLog, log)
     from .export import export_after_training
 
     result = export_after_training(cfg, run_dir, progress=log)
-    events.emit("export", result=str(result))
-
+    # Training succeeded either way; a failed export or push is reported and can be retried alone
+    # with `python -m finetune_app export RUN_DIR ...`.
+    for problem in result.problems:
+        events.emit("error", message=f"export after training: {problem}")
+    events.emit(
+        "export",
+        ok=result.ok,
+        adapter_dir=result.adapter_dir,
+        merged_dir=result.merged_dir,
+        repo_url=result.repo_url,
+        merge_check=result.merge_check,
+    )

@@ -72,8 +72,9 @@ def model_load_kwargs(cfg: RunConfig, attn_implementation: str, *, on_cuda: bool
     return kwargs
 
 
-def to_sft_config(cfg: RunConfig, run_dir: Path, *, on_cuda: bool, loss: str, has_eval: bool,
-                  extra: dict[str, Any] | None = None):
+def to_sft_config(
+    cfg: RunConfig, run_dir: Path, *, on_cuda: bool, loss: str, has_eval: bool, extra: dict[str, Any] | None = None
+):
     """trl.SFTConfig (a transformers TrainingArguments) for this run."""
     from trl import SFTConfig
 

@@ -34,8 +34,16 @@ def test_yaml_round_trip_is_byte_stable(tmp_path):
 
 
 def test_dotted_overrides_are_typed():
-    cfg = build_config({}, ["training.learning_rate=1e-4", "lora.r=32", "memory.gradient_checkpointing=false",
-                            "lora.target_modules=q_proj,v_proj", "export.push_to_hub=null"])
+    cfg = build_config(
+        {},
+        [
+            "training.learning_rate=1e-4",
+            "lora.r=32",
+            "memory.gradient_checkpointing=false",
+            "lora.target_modules=q_proj,v_proj",
+            "export.push_to_hub=null",
+        ],
+    )
     assert cfg.training.learning_rate == pytest.approx(1e-4)
     assert cfg.lora.r == 32
     assert cfg.memory.gradient_checkpointing is False
@@ -43,12 +51,15 @@ def test_dotted_overrides_are_typed():
     assert cfg.export.push_to_hub is None
 
 
-@pytest.mark.parametrize("override, expected", [
-    ("training.nope=1", "unknown field 'nope' in section 'training'"),
-    ("nosection.x=1", "unknown override key"),
-    ("training=1", "unknown override key"),
-    ("learning_rate", "must look like section.field=value"),
-])
+@pytest.mark.parametrize(
+    "override, expected",
+    [
+        ("training.nope=1", "unknown field 'nope' in section 'training'"),
+        ("nosection.x=1", "unknown override key"),
+        ("training=1", "unknown override key"),
+        ("learning_rate", "must look like section.field=value"),
+    ],
+)
 def test_bad_overrides_name_the_valid_keys(override, expected):
     with pytest.raises(ConfigError, match=expected):
         apply_overrides({}, [override])
@@ -56,7 +67,9 @@ def test_bad_overrides_name_the_valid_keys(override, expected):
 
 def test_invalid_config_lists_every_problem_with_allowed_values():
     with pytest.raises(ConfigError) as info:
-        build_config({"lora": {"r": 0, "bogus": 1}, "quantization": {"load_in": "3bit"}, "training": {"optimizer": "adam"}})
+        build_config(
+            {"lora": {"r": 0, "bogus": 1}, "quantization": {"load_in": "3bit"}, "training": {"optimizer": "adam"}}
+        )
     text = str(info.value)
     assert "4 problem(s)" in text
     assert "lora.r" in text and "greater than or equal to 1" in text
@@ -65,20 +78,33 @@ def test_invalid_config_lists_every_problem_with_allowed_values():
     assert "training.optimizer" in text and "paged_adamw_8bit" in text
 
 
-@pytest.mark.parametrize("data, message", [
-    ({"lora": {"adapter": "none"}}, "needs an adapter"),
-    ({"quantization": {"load_in": "8bit"}}, "double_quant applies to 4-bit only"),
-    ({"quantization": {"load_in": "none", "double_quant": False, "quant_type": "fp4"}}, "fp4 applies to 4-bit only"),
-    ({"distributed": {"strategy": "fsdp", "num_processes": 1}}, "fsdp needs at least 2 processes"),
-    ({"distributed": {"strategy": "single", "num_processes": 2}}, "needs distributed.strategy=ddp or fsdp"),
-    ({"distributed": {"cpu_offload": True}}, "cpu_offload needs distributed.strategy=fsdp"),
-    ({"distributed": {"strategy": "fsdp", "num_processes": 2}, "quantization": {"load_in": "8bit", "double_quant": False}},
-     "cannot be sharded by FSDP"),
-    ({"distributed": {"strategy": "fsdp", "num_processes": 2}, "quantization": {"quant_storage": "uint8"}},
-     "silent NaN"),
-    ({"distributed": {"num_nodes": 2, "strategy": "ddp"}}, "rdzv_endpoint"),
-    ({"export": {"push_to_hub": "me/x", "push_what": "merged"}}, "needs export.merge=true"),
-])
+@pytest.mark.parametrize(
+    "data, message",
+    [
+        ({"lora": {"adapter": "none"}}, "needs an adapter"),
+        ({"quantization": {"load_in": "8bit"}}, "double_quant applies to 4-bit only"),
+        (
+            {"quantization": {"load_in": "none", "double_quant": False, "quant_type": "fp4"}},
+            "fp4 applies to 4-bit only",
+        ),
+        ({"distributed": {"strategy": "fsdp", "num_processes": 1}}, "fsdp needs at least 2 processes"),
+        ({"distributed": {"strategy": "single", "num_processes": 2}}, "needs distributed.strategy=ddp or fsdp"),
+        ({"distributed": {"cpu_offload": True}}, "cpu_offload needs distributed.strategy=fsdp"),
+        (
+            {
+                "distributed": {"strategy": "fsdp", "num_processes": 2},
+                "quantization": {"load_in": "8bit", "double_quant": False},
+            },
+            "cannot be sharded by FSDP",
+        ),
+        (
+            {"distributed": {"strategy": "fsdp", "num_processes": 2}, "quantization": {"quant_storage": "uint8"}},
+            "silent NaN",
+        ),
+        ({"distributed": {"num_nodes": 2, "strategy": "ddp"}}, "rdzv_endpoint"),
+        ({"export": {"push_to_hub": "me/x", "push_what": "merged"}}, "needs export.merge=true"),
+    ],
+)
 def test_cross_field_rules(data, message):
     with pytest.raises(ConfigError, match=message):
         build_config(data)

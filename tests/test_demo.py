@@ -30,8 +30,13 @@ def keyword_hits(model, tokenizer, questions) -> tuple[int, list[str]]:
 @pytest.mark.slow
 def test_demo_preset_teaches_the_heldout_facts(tmp_path):
     run_dir = tmp_path / "demo-run"
-    result = subprocess.run([sys.executable, "launcher.py", "--preset", str(PRESET), "--run-dir", str(run_dir)],
-                            cwd=ROOT, capture_output=True, text=True, timeout=1800)
+    result = subprocess.run(
+        [sys.executable, "launcher.py", "--preset", str(PRESET), "--run-dir", str(run_dir)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=1800,
+    )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     events = read_events(run_dir)
     assert events[-1]["event"] == "end" and events[-1]["status"] == "completed"
@@ -48,7 +53,9 @@ def test_demo_preset_teaches_the_heldout_facts(tmp_path):
     del base
     tuned, tokenizer = load_for_inference(cfg, run_dir / "adapter")
     tuned_hits, tuned_answers = keyword_hits(tuned, tokenizer, questions)
-    report = "\n".join(f"{q['question']!r}: base={b!r} tuned={t!r}"
-                       for q, b, t in zip(questions, base_answers, tuned_answers, strict=True))
+    report = "\n".join(
+        f"{q['question']!r}: base={b!r} tuned={t!r}"
+        for q, b, t in zip(questions, base_answers, tuned_answers, strict=True)
+    )
     assert tuned_hits >= len(questions) // 2, report
     assert tuned_hits >= base_hits + len(questions) // 3, report

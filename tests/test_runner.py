@@ -19,19 +19,33 @@ ROOT = Path(__file__).parent.parent
 
 @pytest.fixture()
 def chat_file(tmp_path):
-    rows = [{"messages": [{"role": "user", "content": f"what is {i}?"}, {"role": "assistant", "content": f"it is {i}."}]}
-            for i in range(24)]
+    rows = [
+        {"messages": [{"role": "user", "content": f"what is {i}?"}, {"role": "assistant", "content": f"it is {i}."}]}
+        for i in range(24)
+    ]
     path = tmp_path / "chat.jsonl"
     path.write_text("\n".join(json.dumps(r) for r in rows))
     return path
 
 
 def tiny_config(model_dir, data_path, **training):
-    values = {"max_steps": 4, "micro_batch_size": 2, "max_length": 48, "save_steps": 2, "learning_rate": 1e-3,
-              "logging_steps": 1, **training}
-    return build_config({"model": {"name_or_path": str(model_dir), "dtype": "float32"},
-                         "data": {"path": str(data_path)}, "training": values,
-                         "lora": {"r": 4, "alpha": 8, "dropout": 0.0}})
+    values = {
+        "max_steps": 4,
+        "micro_batch_size": 2,
+        "max_length": 48,
+        "save_steps": 2,
+        "learning_rate": 1e-3,
+        "logging_steps": 1,
+        **training,
+    }
+    return build_config(
+        {
+            "model": {"name_or_path": str(model_dir), "dtype": "float32"},
+            "data": {"path": str(data_path)},
+            "training": values,
+            "lora": {"r": 4, "alpha": 8, "dropout": 0.0},
+        }
+    )
 
 
 def test_qlora_run_writes_events_checkpoints_and_a_loadable_adapter(tiny_model_dir, chat_file, tmp_path):
@@ -93,8 +107,9 @@ def test_sigint_stops_with_a_checkpoint_and_resume_continues(tiny_model_dir, cha
     preset.write_text(dump_yaml(tiny_config(tiny_model_dir, chat_file, max_steps=400, save_steps=1000)))
     run_dir = tmp_path / "run"
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    child = subprocess.Popen(_train_command(preset, run_dir), cwd=ROOT, env=env,
-                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    child = subprocess.Popen(
+        _train_command(preset, run_dir), cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
     try:
         assert _wait_for(lambda: any(e["event"] == "log" and e["step"] >= 2 for e in read_events(run_dir)))
         child.send_signal(signal.SIGINT)
@@ -111,8 +126,14 @@ def test_sigint_stops_with_a_checkpoint_and_resume_continues(tiny_model_dir, cha
     assert checkpoint is not None and checkpoint.name == f"checkpoint-{stopped_at}"
     assert (run_dir / "adapter" / "adapter_model.safetensors").is_file()
 
-    resumed = subprocess.run(_train_command(preset, run_dir, f"training.max_steps={stopped_at + 2}") + ["--resume"],
-                             cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    resumed = subprocess.run(
+        _train_command(preset, run_dir, f"training.max_steps={stopped_at + 2}") + ["--resume"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr
     events = read_events(run_dir)
     begins = [e for e in events if e["event"] == "train_begin"]
@@ -124,8 +145,13 @@ def test_sigint_stops_with_a_checkpoint_and_resume_continues(tiny_model_dir, cha
 def test_cli_rejects_a_bad_preset_before_loading_anything(tmp_path):
     preset = tmp_path / "bad.yaml"
     preset.write_text("lora:\n  r: -1\n  colour: red\ntraining:\n  optimizer: sgdx\n")
-    result = subprocess.run([sys.executable, "-m", "finetune_app", "train", str(preset)], cwd=ROOT,
-                            capture_output=True, text=True, timeout=120)
+    result = subprocess.run(
+        [sys.executable, "-m", "finetune_app", "train", str(preset)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert result.returncode == 2
     assert "Traceback" not in result.stderr
     for expected in ("lora.r", "lora.colour: unknown key", "training.optimizer", "adamw_torch"):
@@ -134,11 +160,13 @@ def test_cli_rejects_a_bad_preset_before_loading_anything(tmp_path):
 
 
 def test_cli_help_lists_the_commands():
-    result = subprocess.run([sys.executable, "-m", "finetune_app", "--help"], cwd=ROOT, capture_output=True,
-                            text=True, timeout=120)
+    result = subprocess.run(
+        [sys.executable, "-m", "finetune_app", "--help"], cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
     assert result.returncode == 0
     for command in ("train", "estimate", "gpus", "export", "gui"):
         assert command in result.stdout
-    launcher = subprocess.run([sys.executable, "launcher.py", "--help"], cwd=ROOT, capture_output=True, text=True,
-                              timeout=120)
+    launcher = subprocess.run(
+        [sys.executable, "launcher.py", "--help"], cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
     assert launcher.returncode == 0 and "--preset" in launcher.stdout

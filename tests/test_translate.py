@@ -32,8 +32,11 @@ def test_fsdp_stores_4bit_in_the_compute_dtype():
 
 
 def test_lora_config_fields():
-    lora = to_lora_config(build_config({"lora": {"r": 8, "alpha": 16, "dropout": 0.1,
-                                                 "target_modules": ["q_proj", "v_proj"], "use_rslora": True}}))
+    lora = to_lora_config(
+        build_config(
+            {"lora": {"r": 8, "alpha": 16, "dropout": 0.1, "target_modules": ["q_proj", "v_proj"], "use_rslora": True}}
+        )
+    )
     assert (lora.r, lora.lora_alpha, lora.lora_dropout, lora.use_rslora) == (8, 16, 0.1, True)
     assert set(lora.target_modules) == {"q_proj", "v_proj"}
     assert lora.task_type == "CAUSAL_LM"
@@ -43,11 +46,25 @@ def test_lora_config_fields():
 
 
 def test_sft_config_mirrors_training_section(tmp_path):
-    cfg = build_config({"training": {"micro_batch_size": 3, "gradient_accumulation_steps": 5, "max_length": 77,
-                                     "learning_rate": 1e-4, "optimizer": "paged_adamw_8bit", "lr_scheduler": "linear",
-                                     "warmup_ratio": 0.1, "max_steps": 12, "seed": 7, "save_steps": 4},
-                        "memory": {"gradient_checkpointing": True}, "data": {"packing": True},
-                        "model": {"dtype": "float32"}})
+    cfg = build_config(
+        {
+            "training": {
+                "micro_batch_size": 3,
+                "gradient_accumulation_steps": 5,
+                "max_length": 77,
+                "learning_rate": 1e-4,
+                "optimizer": "paged_adamw_8bit",
+                "lr_scheduler": "linear",
+                "warmup_ratio": 0.1,
+                "max_steps": 12,
+                "seed": 7,
+                "save_steps": 4,
+            },
+            "memory": {"gradient_checkpointing": True},
+            "data": {"packing": True},
+            "model": {"dtype": "float32"},
+        }
+    )
     args = to_sft_config(cfg, tmp_path, on_cuda=False, loss="assistant_only", has_eval=True)
     assert args.per_device_train_batch_size == 3
     assert args.gradient_accumulation_steps == 5
@@ -70,22 +87,44 @@ def test_model_load_kwargs_put_the_model_on_one_gpu_only_for_single():
     single = model_load_kwargs(build_config({}), "sdpa", on_cuda=True)
     assert single["device_map"] == {"": 0}
     assert "quantization_config" in single
-    ddp = model_load_kwargs(build_config({"distributed": {"strategy": "ddp", "num_processes": 2}}), "sdpa", on_cuda=True)
+    ddp = model_load_kwargs(
+        build_config({"distributed": {"strategy": "ddp", "num_processes": 2}}), "sdpa", on_cuda=True
+    )
     assert "device_map" not in ddp
     assert "device_map" not in model_load_kwargs(build_config({}), "sdpa", on_cuda=False)
 
 
-@pytest.mark.parametrize("requested, kwargs, expected, reason", [
-    ("auto", dict(on_cuda=False, flash_installed=True, gpu_supports_flash=True, dtype="bfloat16"), "sdpa", "on CPU"),
-    ("flash_attention_2", dict(on_cuda=True, flash_installed=False, gpu_supports_flash=True, dtype="bfloat16"),
-     "sdpa", "not installed"),
-    ("flash_attention_2", dict(on_cuda=True, flash_installed=True, gpu_supports_flash=False, dtype="float16"),
-     "sdpa", "Ampere"),
-    ("auto", dict(on_cuda=True, flash_installed=True, gpu_supports_flash=True, dtype="float32"), "sdpa", "float32"),
-    ("auto", dict(on_cuda=True, flash_installed=True, gpu_supports_flash=True, dtype="bfloat16"),
-     "flash_attention_2", None),
-    ("eager", dict(on_cuda=True, flash_installed=True, gpu_supports_flash=True, dtype="bfloat16"), "eager", None),
-])
+@pytest.mark.parametrize(
+    "requested, kwargs, expected, reason",
+    [
+        (
+            "auto",
+            dict(on_cuda=False, flash_installed=True, gpu_supports_flash=True, dtype="bfloat16"),
+            "sdpa",
+            "on CPU",
+        ),
+        (
+            "flash_attention_2",
+            dict(on_cuda=True, flash_installed=False, gpu_supports_flash=True, dtype="bfloat16"),
+            "sdpa",
+            "not installed",
+        ),
+        (
+            "flash_attention_2",
+            dict(on_cuda=True, flash_installed=True, gpu_supports_flash=False, dtype="float16"),
+            "sdpa",
+            "Ampere",
+        ),
+        ("auto", dict(on_cuda=True, flash_installed=True, gpu_supports_flash=True, dtype="float32"), "sdpa", "float32"),
+        (
+            "auto",
+            dict(on_cuda=True, flash_installed=True, gpu_supports_flash=True, dtype="bfloat16"),
+            "flash_attention_2",
+            None,
+        ),
+        ("eager", dict(on_cuda=True, flash_installed=True, gpu_supports_flash=True, dtype="bfloat16"), "eager", None),
+    ],
+)
 def test_attention_fallback_says_why(requested, kwargs, expected, reason):
     choice = choose_attention(requested, **kwargs)
     assert choice.implementation == expected

@@ -7,7 +7,7 @@ and measured: parameters, .grad, optimizer.state, and every tensor autograd save
 
 from __future__ import annotations
 
-from functools import lru_cache
+from functools import cache
 
 import pytest
 
@@ -37,7 +37,7 @@ def _storage_bytes(tensors) -> int:
     return total
 
 
-@lru_cache(maxsize=None)
+@cache
 def measure_step(quantized: bool, dropout: float, gradient_checkpointing: bool = False) -> dict[str, int]:
     import torch
     from peft import LoraConfig, get_peft_model
@@ -135,3 +135,29 @@ def test_saved_activations_match_real_tensors(dropout):
     # The estimate also counts the input ids/labels, the 4-D mask and the final norm that this
     # backbone-only measurement leaves out; within 15% of the per-layer tensors autograd really saves.
     assert est == pytest.approx(measured, rel=0.15)
+
+
+@pytest.mark.slow
+def test_demo_model_states_match_real_tensors():
+    """The real SmolLM2-135M, 4-bit NF4 + double quant, LoRA r16 all-linear: model states within 2%."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM, BitsAndBytesConfig
+
+    from finetune_app.config import DEMO_MODEL
+    from finetune_app.demo_model import ensure_demo_model
+    from finetune_app.memory.shape import load_model_shape
+
+    quant = BitsAndBytesConfig(
+        load_in_4bit=True,
+        bnb_4bit_quant_type="nf4",
+        bnb_4bit_use_double_quant=True,
+        bnb_4bit_compute_dtype=torch.bfloat16,
+    )
+    model = AutoModelForCausalLM.from_pretrained(ensure_demo_model(), dtype=torch.bfloat16, quantization_config=quant)
+    model = get_peft_model(model, LoraConfig(r=16, target_modules="all-linear"))
+    measured_lora = _storage_bytes(p for p in model.parameters() if p.requires_grad)
+    measured_weights = _storage_bytes(p for n, p in model.named_parameters() if "lora_" not in n)
+    est = estimate_memory(build_config({}, ["lora.r=16"]), load_model_shape(DEMO_MODEL)).components
+    assert est["lora"] == pytest.approx(measured_lora, rel=0.02)
+    assert est["weights"] == pytest.approx(measured_weights, rel=0.02)
