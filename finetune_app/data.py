@@ -7,7 +7,7 @@ Loss on assistant tokens only needs a chat template with `{% generation %}` mark
 finds one (the model's own, TRL's patched copy of a known template, or a ChatML copy with markers). When there
 is none, chats are trained as prompt/completion on their last assistant turn instead, and the bundle says so.
 
-Only `datasets` is imported at call time; transformers/trl are used through the tokenizer passed in.
+datasets and trl are imported inside the functions that use them, so importing this module stays cheap.
 """
 
 from __future__ import annotations
@@ -94,7 +94,7 @@ def load_rows(path: str, subset: str | None = None, split: str | None = "train")
     name = f"{path}" + (f" [{subset}]" if subset else "")
     try:
         loaded = datasets.load_dataset(str(local) if local.is_dir() else path, subset, split=split)
-    except (ValueError, FileNotFoundError, ConnectionError, OSError, datasets.exceptions.DatasetsError) as exc:
+    except Exception as exc:  # unknown id, split or subset, offline, no access: all reported the same way
         raise DataError(
             f"could not load the dataset {name} (split {split or 'validation/test'}): {exc}. Check the id, subset "
             "and split; a private dataset needs `hf auth login` or HF_TOKEN; offline, use a local file instead."
@@ -299,7 +299,6 @@ def sft_dataset_kwargs(bundle: DataBundle, data_cfg: DataSection) -> dict[str, A
         "assistant_only_loss": bundle.loss == "assistant_only",
         "completion_only_loss": bundle.loss == "completion_only",
         "packing": data_cfg.packing,
-        "dataset_text_field": "text",
     }
 
 

@@ -100,8 +100,13 @@ def local_parameter_summary(model) -> dict[str, int]:
     FSDP2 turns parameters into DTensors whose `to_local()` is this rank's shard; under DDP every rank
     holds everything, so local == full.
     """
-    summary = {"base_numel": 0, "base_local_numel": 0, "base_local_bytes": 0, "trainable_numel": 0,
-               "trainable_local_numel": 0}
+    summary = {
+        "base_numel": 0,
+        "base_local_numel": 0,
+        "base_local_bytes": 0,
+        "trainable_numel": 0,
+        "trainable_local_numel": 0,
+    }
     for param in model.parameters():
         local = param.to_local() if hasattr(param, "to_local") else param
         kind = "trainable" if param.requires_grad else "base"
@@ -112,23 +117,61 @@ def local_parameter_summary(model) -> dict[str, int]:
     return summary
 
 
-def shard_report_callback(events):
-    """A TrainerCallback that records, once training starts, what each rank holds (a "shards" event).
+def distributed_callbacks(events, stop) -> list:
+    """TrainerCallbacks needed when several processes train together (none for one process).
 
+    - ShardReport records, once training starts, what each rank holds (a "shards" event);
+    - StopAgreement makes every rank stop at the same step when any of them was asked to stop:
+      a rank that stops alone would leave the others waiting in a collective forever.
     Built in a function so that importing this module does not import transformers.
     """
+    import torch.distributed as dist
     from transformers import TrainerCallback
+
+    if int(os.environ.get("WORLD_SIZE", "1")) < 2:
+        return []  # the process group itself only exists once the Trainer has set up accelerate
 
     class ShardReport(TrainerCallback):
         def on_train_begin(self, args, state, control, model=None, **kwargs):
-            import torch.distributed as dist
-
-            if model is None or not (dist.is_available() and dist.is_initialized()):
+            if model is None:
                 return
             mine = {"rank": dist.get_rank(), **local_parameter_summary(model)}
             everyone: list[dict[str, int] | None] = [None] * dist.get_world_size()
             dist.all_gather_object(everyone, mine)  # collective: every rank takes part
             if state.is_world_process_zero:
-                events.emit("shards", strategy=args.fsdp and "fsdp" or "ddp", ranks=everyone)
+                events.emit("shards", strategy="fsdp" if args.fsdp else "ddp", ranks=everyone)
 
-    return ShardReport()
+    class StopAgreement(TrainerCallback):
+        def on_step_end(self, args, state, control, **kwargs):
+            import torch
+
+            flag = torch.tensor([1.0 if stop.requested else 0.0], device=args.device)
+            dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+            if flag.item() > 0:
+                stop.requested = True
+                control.should_save = True
+                control.should_training_stop = True
+            return control
+
+    return [ShardReport(), StopAgreement()]
+
+
+def check_adapter_saved(folder) -> None:
+    """Refuse to call a run complete when the saved adapter holds no weights.
+
+    Under FSDP the adapter is picked out of a gathered state dict by name; a name mismatch (as with FSDP's
+    own activation checkpointing) silently writes an empty file. Better a clear error than a useless result.
+    """
+    from pathlib import Path
+
+    from safetensors import safe_open
+
+    path = Path(folder) / "adapter_model.safetensors"
+    if not path.is_file():
+        return
+    with safe_open(str(path), framework="pt") as handle:
+        if not list(handle.keys()):
+            raise RuntimeError(
+                f"the saved adapter {path} holds no weights (sharded state dict not gathered); the run's "
+                "checkpoints are kept"
+            )

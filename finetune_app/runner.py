@@ -13,7 +13,7 @@ from typing import Any
 
 from .atomic import atomic_dir, atomic_write_text
 from .config import RunConfig, dump_yaml
-from .distributed import is_main_rank, launched_by_us
+from .distributed import check_adapter_saved, is_main_rank, launched_by_us
 from .events import EventLog
 
 CONFIG_FILE = "config.yaml"
@@ -103,7 +103,7 @@ def _train(cfg: RunConfig, run_dir: Path, events: EventLog, *, resume: bool, log
     from .attention import choose_attention, flash_attn_installed
     from .callbacks import EventCallback, StopOnSignal
     from .data import load_training_data
-    from .distributed import rank_placement, shard_report_callback
+    from .distributed import distributed_callbacks, rank_placement
     from .model_source import resolve_model
     from .translate import model_load_kwargs, to_lora_config, to_sft_config
 
@@ -144,7 +144,7 @@ def _train(cfg: RunConfig, run_dir: Path, events: EventLog, *, resume: bool, log
         eval_dataset=bundle.eval,
         processing_class=tokenizer,
         peft_config=to_lora_config(cfg),
-        callbacks=[EventCallback(events, on_cuda=on_cuda), stop, shard_report_callback(events)],
+        callbacks=[EventCallback(events, on_cuda=on_cuda), stop, *distributed_callbacks(events, stop)],
     )
     trainer.remove_callback(PrinterCallback)  # EventCallback prints progress instead of raw dicts
     checkpoint = last_checkpoint(run_dir) if resume else None
@@ -212,6 +212,7 @@ def _save_result(trainer, tokenizer, cfg: RunConfig, run_dir: Path) -> Path:
         return final
     with atomic_dir(final) as tmp:
         trainer.save_model(str(tmp))
+        check_adapter_saved(tmp)
         tokenizer.save_pretrained(str(tmp))
         atomic_write_text(tmp / CONFIG_FILE, dump_yaml(cfg))
     return final

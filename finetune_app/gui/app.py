@@ -79,16 +79,16 @@ def build_app() -> gr.Blocks:
             with gr.Tab("2 · Configure", id="configure"):
                 with gr.Row(equal_height=False):
                     with gr.Column(scale=3):
-                        with gr.Row(equal_height=True):
+                        with gr.Row(equal_height=False, elem_id="preset-row"):
                             preset_pick = gr.Dropdown(
                                 label="Preset", choices=presets.list_presets(), value=preset0, scale=3,
                                 info="Saved settings (YAML files in the presets/ folder).", elem_id="preset-pick",
                             )
-                            preset_load = gr.Button("Load preset", scale=1, min_width=90, elem_id="preset-load")
+                            preset_load = gr.Button("Load", scale=1, min_width=80, elem_id="preset-load")
                             preset_name = gr.Textbox(
-                                label="Save as", placeholder="my-run", scale=2, info="Name for a new preset file."
+                                label="Save as", placeholder="my-run", scale=3, info="Name of a new preset file."
                             )
-                            preset_save = gr.Button("Save preset", scale=1, min_width=90, elem_id="preset-save")
+                            preset_save = gr.Button("Save", scale=1, min_width=80, elem_id="preset-save")
                         preset_msg = gr.Markdown(elem_id="preset-message")
                         widgets, extras = _section_widgets(specs, values0, {"data": _data_extras})
                         by_key = dict(zip([s.key for s in specs], widgets, strict=True))
@@ -98,13 +98,17 @@ def build_app() -> gr.Blocks:
                         budget = gr.HTML(elem_id="budget-panel")
                         advice = gr.Markdown(elem_id="budget-advice")
                         fit_btn = gr.Button("Fit to my GPU", variant="secondary", elem_id="fit-btn")
+                        fit_msg = gr.Markdown(elem_id="fit-message")
                         command = gr.Code(label="Same run from a terminal", language="shell", elem_id="headless-cmd")
 
             # ------------------------------------------------------------------ 3 Train
             with gr.Tab("3 · Train", id="train"):
                 with gr.Row():
                     start_btn = gr.Button("Start training", variant="primary", elem_id="start-btn")
-                    stop_btn = gr.Button("Stop (saves a checkpoint)", variant="stop", elem_id="stop-btn")
+                    stop_btn = gr.Button(
+                        "Stop (saves a checkpoint)", variant="stop", interactive=False, elem_id="stop-btn"
+                    )
+                train_summary = gr.Markdown(elem_id="train-summary")
                 train_msg = gr.Markdown(elem_id="train-message")
                 run_status = gr.HTML(train_view.status_html(None, None), elem_id="run-status-panel")
                 with gr.Row(equal_height=False):
@@ -169,7 +173,7 @@ def build_app() -> gr.Blocks:
                 export_result = gr.Markdown(elem_id="export-result")
 
         # ---------------------------------------------------------------------- wiring
-        settings_outputs = [budget, advice, errors, command]
+        settings_outputs = [budget, advice, errors, command, train_summary]
         budget_inputs = [*widgets, target_gpu, target_count, preset_pick]
 
         def on_settings(*values):
@@ -209,7 +213,7 @@ def build_app() -> gr.Blocks:
         )
 
         # Presets
-        def on_preset_load(name, *values):
+        def on_preset_load(name):
             if not name:
                 return [gr.skip()] * len(widgets) + ["Pick a preset first."]
             try:
@@ -247,7 +251,7 @@ def build_app() -> gr.Blocks:
                 return [gr.skip()] * len(widgets) + [message]
             return [*config_to_values(fitted, specs), message]
 
-        fit_btn.click(on_fit, inputs=budget_inputs, outputs=[*widgets, preset_msg]).then(
+        fit_btn.click(on_fit, inputs=budget_inputs, outputs=[*widgets, fit_msg]).then(
             on_settings, inputs=budget_inputs, outputs=settings_outputs
         )
 
@@ -382,7 +386,7 @@ def _data_extras():
         upload = gr.File(
             label="Upload a .jsonl / .json / .csv / .parquet file (sets data path)",
             file_types=[".json", ".jsonl", ".csv", ".parquet"],
-            height=120,
+            height=160,
             scale=2,
         )
         preview_btn = gr.Button("Preview the first examples as the model sees them", scale=1, elem_id="preview-btn")
@@ -399,19 +403,15 @@ def _triggers(spec: FieldSpec, widget):
     return [widget.input]
 
 
-def _settings_view(specs, field_values, gpu_choice, count, preset) -> tuple[str, str, str, str]:
-    """(budget HTML, advice markdown, error markdown, headless command) for the current widget values."""
+def _settings_view(specs, field_values, gpu_choice, count, preset):
+    """(budget HTML, advice, errors, headless command, Train tab summary) for the current widget values."""
     cfg, error = try_config(specs, list(field_values))
     if cfg is None:
-        return (
-            gr.skip(),
-            "",
-            f"**These settings cannot run yet:**\n```\n{error}\n```",
-            gr.skip(),
-        )
+        message = f"**These settings cannot run yet:**\n```\n{error}\n```"
+        return gr.skip(), "", message, gr.skip(), "Fix the settings in tab 2 first:\n```\n" + error + "\n```"
     gpus = hardware_view.plan_gpus(gpu_choice, count)
     budget_html, advice_md = budget_view.render(cfg, gpus)
-    return budget_html, advice_md, "", presets.headless_commands(cfg, preset)
+    return budget_html, advice_md, "", presets.headless_commands(cfg, preset), train_view.summary_markdown(cfg)
 
 
 def _train_view(seen: dict):

@@ -30,6 +30,7 @@ VERDICT_TEXT = {"fits": "Fits", "tight": "Tight", "does_not_fit": "Does not fit"
 
 CSS = """
 #budget-column { position: sticky; top: 8px; align-self: flex-start; }
+#preset-row button { margin-top: 2.6em; }
 #config-errors pre { color: #b91c1c; white-space: pre-wrap; }
 #budget-panel .budget-head { font-size: 1.05em; margin-bottom: .4em; }
 #budget-total { font-weight: 700; font-size: 1.35em; }

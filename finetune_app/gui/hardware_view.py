@@ -77,10 +77,7 @@ def default_target(info) -> str:
 
 def plan_gpus(choice: str | None, count: float | int | None) -> list[Any]:
     """The GPUs the budget is drawn against: the detected ones, or `count` copies of a catalogue GPU."""
-    info = detect()
-    if choice == THIS_MACHINE or choice is None:
-        return list(info.gpus)
-    gpu = hardware.GPU_CATALOGUE.get(choice)
-    if gpu is None:
-        return list(info.gpus)
+    gpu = hardware.GPU_CATALOGUE.get(choice or "")
+    if gpu is None:  # THIS_MACHINE (or a stale choice)
+        return list(detect().gpus)
     return [gpu] * max(1, int(count or 1))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import html
 from typing import Any
 
+from finetune_app.config import RunConfig
 from finetune_app.gui.jobs import Job, RunProgress
 
 STATE_TEXT = {
@@ -110,4 +111,22 @@ def loss_frame(progress: RunProgress):
 
     rows = [(step, loss, "train") for step, loss in progress.losses]
     rows += [(step, loss, "eval") for step, loss in progress.eval_losses]
-    return pd.DataFrame(rows, columns=["step", "loss", "series"])
+    # Explicit dtypes: an empty frame would otherwise be "object", which the plot takes for categories.
+    return pd.DataFrame(rows, columns=["step", "loss", "series"]).astype(
+        {"step": "int64", "loss": "float64", "series": "string"}
+    )
+
+
+def summary_markdown(cfg: RunConfig) -> str:
+    """What pressing Start will train, in one line."""
+    t = cfg.training
+    length = f"{t.max_steps} steps" if t.max_steps > 0 else f"{t.num_epochs:g} epoch(s)"
+    method = {"4bit": "QLoRA (4-bit base)", "8bit": "LoRA on an 8-bit base", "none": "LoRA"}[cfg.quantization.load_in]
+    method += f" rank {cfg.lora.r}"
+    if cfg.lora.adapter == "none":
+        method = "a full fine-tune"
+    return (
+        f"**Will train** `{cfg.model.name_or_path}` on `{cfg.data.path}` with {method}, "
+        f"{length}, batch {t.micro_batch_size} × {t.gradient_accumulation_steps} accumulation, "
+        f"max_length {t.max_length}. Change it in tab 2."
+    )

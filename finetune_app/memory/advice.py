@@ -197,7 +197,8 @@ def fit_to_gpu(
             continue
         trial_estimate = estimate_memory(trial, shape, flash_available=flash_available)
         saving = estimate.total - trial_estimate.total
-        if saving <= 0:
+        deficit = estimate.total - gpu_bytes * (1 - FIT_MARGIN)
+        if saving <= 0.02 * deficit:  # a change that barely helps is not worth its cost
             continue
         applied.append(Suggestion(title, tuple(overrides), saving, cost))
         current, estimate = trial, trial_estimate

@@ -127,8 +127,14 @@ def lora_modules(cfg: RunConfig, shape: ModelShape) -> tuple[LinearModule, ...]:
 
 
 def trainable_dtype_bytes(cfg: RunConfig) -> int:
-    # PEFT keeps adapters in fp32 (autocast_adapter_dtype=True); a full fine-tune trains the loaded dtype.
-    return 4 if cfg.lora.adapter == "lora" else DTYPE_BYTES[cfg.model.dtype]
+    """Bytes per trainable parameter (and per gradient value; torch AdamW keeps its states in it too).
+
+    PEFT keeps adapters in fp32 (autocast_adapter_dtype=True), but TRL's SFTTrainer casts the adapters of a
+    quantized base to bf16 (the QLoRA paper's choice); a full fine-tune trains the loaded dtype.
+    """
+    if cfg.lora.adapter == "lora":
+        return 2 if cfg.is_quantized else 4
+    return DTYPE_BYTES[cfg.model.dtype]
 
 
 def optimizer_bytes(cfg: RunConfig, shape: ModelShape, params: int) -> int:
@@ -200,14 +206,42 @@ def layer_activation_bytes_per_token(
     if full:
         total += c * (2 * h + q + (inter if not shape.is_moe else 0))  # inputs of the linears
         total += shape.norms_per_layer * c * h  # normalized input saved for the norm weight's gradient
+    held_inputs: set[str] = set()
     for m in lora_modules(cfg, shape):
         if m.is_output or m.kind == "experts":  # expert adapters see only their routed tokens
             continue
         per_layer = m.count / shape.num_layers
-        copy = 2 * m.in_features if c == 2 else 4 * m.in_features
+        if cfg.is_quantized:
+            copy = _bf16_adapter_input_bytes(m, c, held_inputs)
+        else:
+            copy = 2 * m.in_features if c == 2 else 4 * m.in_features
         mask = m.in_features if cfg.lora.dropout > 0 else 0
         total += per_layer * (copy + mask + c * cfg.lora.r)
     return total
+
+
+# Which tensor a linear layer reads, by module name: the adapters of one group share their input.
+_INPUT_GROUPS = {
+    "attn_in": {"q_proj", "k_proj", "v_proj", "qkv_proj", "query_key_value", "Wqkv", "c_attn"},
+    "attn_out": {"o_proj", "out_proj", "dense", "c_proj"},
+    "mlp_in": {"gate_proj", "up_proj", "gate_up_proj", "w1", "w3", "fc1", "c_fc"},
+    "mlp_out": {"down_proj", "w2", "fc2"},
+}
+
+
+def _bf16_adapter_input_bytes(m: LinearModule, c: int, held: set[str]) -> int:
+    """Bytes a bf16 adapter on a 4/8-bit layer keeps alive for its input.
+
+    bitsandbytes keeps the base matmul's input outside autograd's saved tensors, and the adapter's
+    lora_A saves that same tensor: the normalized inputs of attention and MLP, and the SwiGLU product
+    into down_proj, are held once per group; the attention output (o_proj's input) is already counted.
+    With fp32 compute, PEFT also casts the input to the adapters' bf16 for every module.
+    """
+    group = next((name for name, members in _INPUT_GROUPS.items() if m.name in members), m.name)
+    first = group not in held
+    held.add(group)
+    shared = c * m.in_features if first and group != "attn_out" else 0
+    return shared + (2 * m.in_features if c != 2 else 0)
 
 
 def activation_bytes(cfg: RunConfig, shape: ModelShape, attention: str) -> int:
@@ -279,7 +313,7 @@ def estimate_memory(cfg: RunConfig, shape: ModelShape, *, flash_available: bool 
     layer = (weights + constants - root) // max(shape.num_layers, 1)  # one decoder layer, unsharded
     params = trainable_params(cfg, shape)
     is_lora = cfg.lora.adapter == "lora"
-    lora = 4 * params if is_lora else 0
+    lora = trainable_dtype_bytes(cfg) * params if is_lora else 0
     gradients = params * trainable_dtype_bytes(cfg)
     optimizer = optimizer_bytes(cfg, shape, params)
     activations = activation_bytes(cfg, shape, attention)

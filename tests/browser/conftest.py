@@ -129,3 +129,11 @@ def make_server(tmp_path):
     for server in servers:
         server.stop()
     shutil.rmtree(tmp_path, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def default_server(tmp_path_factory):
+    """One app with the RunConfig defaults (no presets), shared by a module's read-mostly tests."""
+    server = AppServer(tmp_path_factory.mktemp("default-app")).start()
+    yield server
+    server.stop()

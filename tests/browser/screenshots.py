@@ -68,10 +68,10 @@ def main() -> int:
             shoot(page, "hardware")
 
             page.get_by_role("tab", name="2 · Configure").click()
+            shoot(page, "configure")
             page.locator("#preview-btn").click()
             page.locator("#data-preview").wait_for(timeout=120_000)
-            shoot(page, "configure")
-            page.locator("#section-data").scroll_into_view_if_needed()
+            page.locator("#field-data-format").scroll_into_view_if_needed()
             shoot(page, "data-preview")
 
             # A setting that does not fit: long sequences, big batches, no checkpointing.
@@ -84,7 +84,7 @@ def main() -> int:
             page.evaluate("window.scrollTo(0, 0)")
             shoot(page, "budget-does-not-fit")
             page.locator("#fit-btn").click()
-            page.locator("#preset-message").get_by_text("Fit to my GPU").wait_for(timeout=10_000)
+            page.locator("#fit-message").get_by_text("Fit to my GPU").wait_for(timeout=10_000)
             page.evaluate("window.scrollTo(0, 0)")
             shoot(page, "budget-fit-to-gpu")
 

@@ -86,7 +86,10 @@ def test_stop_from_the_page_saves_the_adapter(make_server, page, browser, tiny_m
     load_preset(page, "long")
     start_run(page)
     run_state(page, "running", timeout=60_000)
-    page.locator("#run-status .run-step").get_by_text("step 1 /", exact=False).wait_for(timeout=240_000)
+    page.wait_for_function(  # at least one optimizer step logged
+        "() => /step [1-9][0-9]* \\//.test(document.querySelector('#run-status .run-step')?.textContent || '')",
+        timeout=240_000,
+    )
 
     # A second tab (or a reload) finds the same running job.
     other = browser.new_context().new_page()

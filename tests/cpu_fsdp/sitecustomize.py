@@ -24,4 +24,3 @@ if os.environ.get("FINETUNE_APP_TEST_CPU_FSDP") == "1":
             self.fsdp_plugin = plugin
 
     AcceleratorState.__init__ = _init_with_cpu_fsdp
-

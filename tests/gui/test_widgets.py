@@ -126,3 +126,16 @@ def test_make_widget_builds_gradio_components_with_help_text_and_bounds():
     assert isinstance(make_widget(specs["memory.gradient_checkpointing"], True), gr.Checkbox)
     targets = make_widget(specs["lora.target_modules"], ["q_proj", "k_proj"])
     assert isinstance(targets, gr.Textbox) and targets.value == "q_proj, k_proj"
+
+
+def test_optional_numbers_are_textboxes_where_empty_means_not_set():
+    import gradio as gr
+
+    specs = {spec.key: spec for spec in field_specs()}
+    eval_steps = specs["training.eval_steps"]
+    assert isinstance(make_widget(eval_steps, None), gr.Textbox)
+    assert from_widget_value(eval_steps, "") is None
+    assert from_widget_value(eval_steps, " 50 ") == 50
+    values = config_to_values(RunConfig(), list(specs.values()))
+    values[list(specs).index("training.eval_steps")] = "often"
+    assert "training.eval_steps" in try_config(list(specs.values()), values)[1]
