@@ -20,16 +20,16 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 HEAVY = ("torch", "transformers", "peft", "trl", "bitsandbytes", "datasets")
 
-IMPORT_PROBE = """
+IMPORT_PROBE = f"""
 import json, sys, time
 started = time.perf_counter()
 import finetune_app.gui.app as app
 imported = time.perf_counter() - started
 demo = app.build_app()
 built = time.perf_counter() - started
-print(json.dumps({"import_s": imported, "build_s": built,
-                  "heavy_imported": [m for m in %r if m in sys.modules]}))
-""" % (HEAVY,)
+heavy = [m for m in {HEAVY!r} if m in sys.modules]
+print(json.dumps({{"import_s": imported, "build_s": built, "heavy_imported": heavy}}))
+"""
 
 
 def free_port() -> int:
@@ -39,8 +39,9 @@ def free_port() -> int:
 
 
 def measure_import(env: dict[str, str]) -> dict:
-    out = subprocess.run([sys.executable, "-c", IMPORT_PROBE], capture_output=True, text=True, env=env, cwd=REPO,
-                         check=True)
+    out = subprocess.run(
+        [sys.executable, "-c", IMPORT_PROBE], capture_output=True, text=True, env=env, cwd=REPO, check=True
+    )
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
@@ -48,8 +49,12 @@ def measure_first_page(env: dict[str, str], timeout: float = 180.0) -> float:
     port = free_port()
     started = time.perf_counter()
     process = subprocess.Popen(
-        [sys.executable, "launcher.py", "--no-browser", "--port", str(port)], cwd=REPO, env=env,
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+        [sys.executable, "launcher.py", "--no-browser", "--port", str(port)],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
     )
     try:
         while time.perf_counter() - started < timeout:

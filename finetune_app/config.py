@@ -248,6 +248,15 @@ def combination_problems(cfg: RunConfig) -> list[str]:
         )
     if q.load_in != "4bit" and q.quant_type != "nf4":
         out.append("quantization.quant_type=fp4 applies to 4-bit only: set quantization.load_in=4bit")
+    if lora.adapter == "none" and cfg.model.dtype == "float16":
+        out.append(
+            "a full fine-tune (lora.adapter=none) in model.dtype=float16 cannot train: the fp16 gradient scaler "
+            "refuses fp16 parameters. Use model.dtype=bfloat16 or float32, or train an adapter"
+        )
+    if cfg.data.eval_path and cfg.data.eval_fraction > 0:
+        out.append("set data.eval_path or data.eval_fraction, not both")
+    if dist.strategy == "single" and dist.num_nodes > 1:
+        out.append("distributed.num_nodes>1 needs distributed.strategy=ddp or fsdp")
     if dist.strategy == "single" and dist.num_processes > 1:
         out.append("distributed.num_processes > 1 needs distributed.strategy=ddp or fsdp")
     if dist.strategy == "fsdp" and cfg.world_size < 2:

@@ -135,7 +135,13 @@ def _train(cfg: RunConfig, run_dir: Path, events: EventLog, *, resume: bool, log
 
     stop = StopOnSignal()
     args = to_sft_config(
-        cfg, run_dir, on_cuda=on_cuda, loss=bundle.loss, has_eval=bundle.eval is not None, extra=_distributed_args(cfg)
+        cfg,
+        run_dir,
+        on_cuda=on_cuda,
+        loss=bundle.loss,
+        has_eval=bundle.eval is not None,
+        attention=attention.implementation,
+        extra=_distributed_args(cfg),
     )
     trainer = SFTTrainer(
         model=model,

@@ -73,7 +73,14 @@ def model_load_kwargs(cfg: RunConfig, attn_implementation: str, *, on_cuda: bool
 
 
 def to_sft_config(
-    cfg: RunConfig, run_dir: Path, *, on_cuda: bool, loss: str, has_eval: bool, extra: dict[str, Any] | None = None
+    cfg: RunConfig,
+    run_dir: Path,
+    *,
+    on_cuda: bool,
+    loss: str,
+    has_eval: bool,
+    attention: str = "sdpa",
+    extra: dict[str, Any] | None = None,
 ):
     """trl.SFTConfig (a transformers TrainingArguments) for this run."""
     from trl import SFTConfig
@@ -117,5 +124,8 @@ def to_sft_config(
         dataloader_num_workers=0,
         ddp_find_unused_parameters=False if cfg.distributed.strategy == "ddp" else None,
     )
+    if cfg.data.packing and attention != "flash_attention_2":
+        # TRL's default "bfd" packing is padding-free, which only FlashAttention handles correctly.
+        kwargs["packing_strategy"] = "wrapped"
     kwargs.update(extra or {})
     return SFTConfig(**kwargs)

@@ -73,6 +73,9 @@ def test_sft_config_mirrors_training_section(tmp_path):
     assert args.optim == "paged_adamw_8bit"
     assert args.max_steps == 12 and args.seed == 7 and args.save_steps == 4
     assert args.packing is True
+    assert args.packing_strategy == "wrapped"  # padding-free "bfd" packing needs FlashAttention
+    flash = to_sft_config(cfg, tmp_path, on_cuda=True, loss="all", has_eval=False, attention="flash_attention_2")
+    assert flash.packing_strategy == "bfd"
     assert args.assistant_only_loss is True
     assert args.eval_strategy == "steps" and args.eval_steps == 4
     assert args.bf16 is False and args.fp16 is False

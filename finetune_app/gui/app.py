@@ -70,7 +70,12 @@ def build_app() -> gr.Blocks:
                         scale=3,
                     )
                     target_count = gr.Number(
-                        label="number of GPUs", value=1, minimum=1, maximum=64, precision=0, elem_id="target-count",
+                        label="number of GPUs",
+                        value=1,
+                        minimum=1,
+                        maximum=64,
+                        precision=0,
+                        elem_id="target-count",
                         scale=1,
                     )
                     refresh_hw = gr.Button("Refresh", scale=0)
@@ -81,8 +86,12 @@ def build_app() -> gr.Blocks:
                     with gr.Column(scale=3):
                         with gr.Row(equal_height=False, elem_id="preset-row"):
                             preset_pick = gr.Dropdown(
-                                label="Preset", choices=presets.list_presets(), value=preset0, scale=3,
-                                info="Saved settings (YAML files in the presets/ folder).", elem_id="preset-pick",
+                                label="Preset",
+                                choices=presets.list_presets(),
+                                value=preset0,
+                                scale=3,
+                                info="Saved settings (YAML files in the presets/ folder).",
+                                elem_id="preset-pick",
                             )
                             preset_load = gr.Button("Load", scale=1, min_width=80, elem_id="preset-load")
                             preset_name = gr.Textbox(
@@ -113,12 +122,22 @@ def build_app() -> gr.Blocks:
                 run_status = gr.HTML(train_view.status_html(None, None), elem_id="run-status-panel")
                 with gr.Row(equal_height=False):
                     loss_plot = gr.LinePlot(
-                        x="step", y="loss", color="series", title="Loss", height=300, elem_id="loss-plot", scale=3,
+                        x="step",
+                        y="loss",
+                        color="series",
+                        title="Loss",
+                        height=300,
+                        elem_id="loss-plot",
+                        scale=3,
                         color_map={"train": "#2563eb", "eval": "#f97316"},
                     )
                     run_stats = gr.HTML(elem_id="run-stats-panel")
                 log_tail = gr.Textbox(
-                    label="Log (train.log)", lines=12, max_lines=12, autoscroll=True, interactive=False,
+                    label="Log (train.log)",
+                    lines=12,
+                    max_lines=12,
+                    autoscroll=True,
+                    interactive=False,
                     elem_id="log-tail",
                 )
                 timer = gr.Timer(1.0)
@@ -164,7 +183,8 @@ def build_app() -> gr.Blocks:
                     push_btn = gr.Button("Push to Hub")
                 with gr.Accordion("Hub login", open=False):
                     token_box = gr.Textbox(
-                        label="Hugging Face token (write access)", type="password",
+                        label="Hugging Face token (write access)",
+                        type="password",
                         info="Stored like `hf auth login` does; it is never shown again.",
                     )
                     token_btn = gr.Button("Log in")
@@ -183,7 +203,10 @@ def build_app() -> gr.Blocks:
         for spec, widget in zip(specs, widgets, strict=True):
             for trigger in _triggers(spec, widget):
                 trigger(
-                    on_settings, inputs=budget_inputs, outputs=settings_outputs, trigger_mode="always_last",
+                    on_settings,
+                    inputs=budget_inputs,
+                    outputs=settings_outputs,
+                    trigger_mode="always_last",
                     show_progress="hidden",
                 )
 
@@ -195,7 +218,9 @@ def build_app() -> gr.Blocks:
             return [updates.get(key, gr.skip()) for key in dependent_keys]
 
         by_key["quantization.load_in"].input(
-            on_load_in, inputs=[by_key["quantization.load_in"]], outputs=[by_key[k] for k in dependent_keys],
+            on_load_in,
+            inputs=[by_key["quantization.load_in"]],
+            outputs=[by_key[k] for k in dependent_keys],
             show_progress="hidden",
         ).then(on_settings, inputs=budget_inputs, outputs=settings_outputs, show_progress="hidden")
 
@@ -335,8 +360,11 @@ def build_app() -> gr.Blocks:
         export_inputs = [run_pick, merge_dtype, repo_id, push_what, private]
         for button, action in ((save_adapter_btn, "adapter"), (merge_btn, "merge"), (push_btn, "push")):
             button.click(
-                _export_stream(action), inputs=export_inputs, outputs=[export_log, export_result],
-                concurrency_limit=1, concurrency_id="export",
+                _export_stream(action),
+                inputs=export_inputs,
+                outputs=[export_log, export_result],
+                concurrency_limit=1,
+                concurrency_id="export",
             )
         token_btn.click(hub_login.save_token, inputs=[token_box], outputs=[token_box, token_msg])
 
@@ -369,7 +397,9 @@ def _section_widgets(specs: list[FieldSpec], values: list[Any], extras: dict[str
     sections = list(dict.fromkeys(spec.section for spec in specs))
     for section in sections:
         group = [i for i, spec in enumerate(specs) if spec.section == section]
-        with gr.Accordion(f"{section} · {titles[section]}", open=section in OPEN_SECTIONS, elem_id=f"section-{section}"):
+        with gr.Accordion(
+            f"{section} · {titles[section]}", open=section in OPEN_SECTIONS, elem_id=f"section-{section}"
+        ):
             with gr.Group():
                 for row_start in range(0, len(group), 2):
                     with gr.Row(equal_height=True):
@@ -420,8 +450,13 @@ def _train_view(seen: dict):
     job = manager.current()
     if job is None:
         return (
-            train_view.status_html(None, None), "", gr.skip(), "",
-            gr.update(interactive=True), gr.update(interactive=False), seen,
+            train_view.status_html(None, None),
+            "",
+            gr.skip(),
+            "",
+            gr.update(interactive=True),
+            gr.update(interactive=False),
+            seen,
         )
     state = job.state()
     progress = job.progress
@@ -486,7 +521,9 @@ def _export_stream(action: str):
                         folder = export.merge_adapter(run_dir, dtype=dtype, repo_id=repo, progress=messages.append)
                     else:
                         folder = export.export_adapter(run_dir, repo_id=repo, progress=messages.append)
-                    outcome["url"] = export.push_export(run_dir, folder, repo, bool(is_private), progress=messages.append)
+                    outcome["url"] = export.push_export(
+                        run_dir, folder, repo, bool(is_private), progress=messages.append
+                    )
             except (export.ExportError, PushError, ConfigError) as exc:
                 outcome["error"] = str(exc)
             except Exception as exc:  # the user must see why, not a spinner that never ends

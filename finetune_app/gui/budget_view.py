@@ -89,7 +89,7 @@ def budget_html(estimate: Any, gpus: list[Any], verdict: str, note_lines: list[s
     vram_text = f" of {gib(used[0].total_bytes)}" if used else ""
     head = (
         f'<div class="budget-head">Memory per GPU: <span id="budget-total" data-bytes="{total}">{gib(total)}</span>'
-        f"{vram_text} &nbsp; <span id=\"budget-verdict\" class=\"verdict verdict-{verdict}\" "
+        f'{vram_text} &nbsp; <span id="budget-verdict" class="verdict verdict-{verdict}" '
         f'data-verdict="{verdict}">{VERDICT_TEXT.get(verdict, verdict)}</span></div>'
     )
     rows = []
@@ -200,9 +200,7 @@ def fit(cfg: RunConfig, gpus: list[Any]) -> tuple[RunConfig | None, str]:
     except ShapeError as exc:
         return None, f"Cannot size {cfg.model.name_or_path}: {exc}"
     smallest = min(gpus, key=lambda gpu: gpu.total_bytes)
-    result = advice.fit_to_gpu(
-        cfg, shape, smallest.total_bytes, gpus_available=len(gpus), flash_available=_flash(gpus)
-    )
+    result = advice.fit_to_gpu(cfg, shape, smallest.total_bytes, gpus_available=len(gpus), flash_available=_flash(gpus))
     total = f"{gib(result.estimate.total)} of {gib(smallest.total_bytes)} ({smallest.name})"
     if not result.applied:
         if result.verdict.fits:

@@ -72,7 +72,9 @@ def preview_html(cfg: RunConfig, n: int = 3) -> str:
 
 
 def _message_html(title: str, text: str) -> str:
-    return f"<div id='data-preview' class='preview-error'><b>{html.escape(title)}</b><pre>{html.escape(text)}</pre></div>"
+    return (
+        f"<div id='data-preview' class='preview-error'><b>{html.escape(title)}</b><pre>{html.escape(text)}</pre></div>"
+    )
 
 
 def keep_upload(temp_path: str) -> Path:

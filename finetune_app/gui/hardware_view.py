@@ -61,7 +61,9 @@ def hardware_html(info) -> str:
 def _flash_text(gpu) -> str:
     if gpu.flash_attention:
         return "yes"
-    return "supported, flash-attn not installed" if gpu.flash_attention_capable else "no (needs compute capability 8.0+)"
+    return (
+        "supported, flash-attn not installed" if gpu.flash_attention_capable else "no (needs compute capability 8.0+)"
+    )
 
 
 def target_choices(info) -> list[str]:

@@ -211,11 +211,13 @@ class Job:
     exit_code: int | None = None
     tail: EventTail = field(init=False)
     progress: RunProgress = field(init=False)
+    _read_lock: threading.Lock = field(init=False, repr=False, compare=False)  # two tabs poll at once
 
     def __post_init__(self) -> None:
         self.run_dir = Path(self.run_dir)
         self.tail = EventTail(self.run_dir / EVENTS_FILE)
         self.progress = RunProgress()
+        self._read_lock = threading.Lock()
 
     @property
     def log_path(self) -> Path:
@@ -231,8 +233,9 @@ class Job:
         return pid_alive(self.pid, self.run_dir)
 
     def refresh(self) -> RunProgress:
-        for event in self.tail.poll():
-            apply_event(self.progress, event)
+        with self._read_lock:
+            for event in self.tail.poll():
+                apply_event(self.progress, event)
         return self.progress
 
     def state(self) -> str:

@@ -77,4 +77,3 @@ def headless_commands(cfg: RunConfig, preset: str | None, folder: Path | None = 
     train = " ".join(["python -m finetune_app train", shlex.quote(path_text), *quoted])
     launcher = " ".join(["python launcher.py --preset", shlex.quote(path_text), *(f"--set {q}" for q in quoted)])
     return f"{note}{train}\n# or\n{launcher}"
-

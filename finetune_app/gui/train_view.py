@@ -41,7 +41,9 @@ def status_html(job: Job | None, state: str | None) -> str:
     headline = STATE_TEXT.get(state, state)
     detail = ""
     if state == "completed":
-        detail = f"The adapter is saved in <code>{html.escape(str(progress.adapter_path))}</code>. Try it in the next tab."
+        detail = (
+            f"The adapter is saved in <code>{html.escape(str(progress.adapter_path))}</code>. Try it in the next tab."
+        )
     elif state == "stopped":
         if progress.adapter_path:
             detail = f"The adapter so far is saved in <code>{html.escape(str(progress.adapter_path))}</code>."

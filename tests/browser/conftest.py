@@ -74,8 +74,12 @@ class AppServer:
     def start(self) -> AppServer:
         code = f"from finetune_app.gui.app import launch; launch(port={self.port}, open_browser=False)"
         self.process = subprocess.Popen(
-            [sys.executable, "-c", code], cwd=self.root, env=self.env(), stdout=self.log.open("ab"),
-            stderr=subprocess.STDOUT, start_new_session=True,
+            [sys.executable, "-c", code],
+            cwd=self.root,
+            env=self.env(),
+            stdout=self.log.open("ab"),
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
         )
         wait_until_served(self.url, self.process, self.log)
         return self

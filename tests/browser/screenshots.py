@@ -1,7 +1,7 @@
 """Take the README screenshots of the main screens into docs/screenshots/ (not a test).
 
-    python tests/browser/screenshots.py            # trains the real demo preset on CPU (a few minutes)
-    python tests/browser/screenshots.py --quick    # a tiny random model instead (seconds; answers are noise)
+python tests/browser/screenshots.py            # trains the real demo preset on CPU (a few minutes)
+python tests/browser/screenshots.py --quick    # a tiny random model instead (seconds; answers are noise)
 """
 
 from __future__ import annotations

@@ -28,7 +28,12 @@ def tiny_preset(model_dir: Path, data_file: Path, max_steps: int, save_steps: in
 @pytest.fixture
 def tiny_data(tmp_path) -> Path:
     rows = [
-        {"messages": [{"role": "user", "content": f"what is {i} plus {i}?"}, {"role": "assistant", "content": str(2 * i)}]}
+        {
+            "messages": [
+                {"role": "user", "content": f"what is {i} plus {i}?"},
+                {"role": "assistant", "content": str(2 * i)},
+            ]
+        }
         for i in range(16)
     ]
     path = tmp_path / "tiny-data.jsonl"

@@ -45,13 +45,20 @@ def main() -> int:
     emit(event="start", run_dir=str(run_dir), config=cfg, total_steps=total, estimate={"total": 123}, device="cpu")
     for step in range(1, total + 1):
         time.sleep(step_seconds)
-        emit(event="log", step=step, total_steps=total, epoch=step / total, loss=2.0 / step, learning_rate=1e-4,
-             tokens_per_second=100.0, eta_seconds=(total - step) * step_seconds)
+        emit(
+            event="log",
+            step=step,
+            total_steps=total,
+            epoch=step / total,
+            loss=2.0 / step,
+            learning_rate=1e-4,
+            tokens_per_second=100.0,
+            eta_seconds=(total - step) * step_seconds,
+        )
         print(f"step {step}/{total}", flush=True)
         if stopping["flag"]:
             emit(event="checkpoint", step=step, path=str(run_dir / "checkpoints" / f"checkpoint-{step}"))
-            emit(event="end", status="stopped", adapter_path=save_adapter(), train_loss=2.0 / step,
-                 runtime_seconds=1.0)
+            emit(event="end", status="stopped", adapter_path=save_adapter(), train_loss=2.0 / step, runtime_seconds=1.0)
             return 0
     emit(event="eval", step=total, eval_loss=1.5)
     emit(event="end", status="completed", adapter_path=save_adapter(), train_loss=1.0, runtime_seconds=1.0)

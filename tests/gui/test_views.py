@@ -83,8 +83,13 @@ def test_presets_save_load_and_headless_command_round_trip(tmp_path):
     with pytest.raises(ConfigError, match="not usable as a file name"):
         presets.save_preset(base, "../evil", tmp_path)
 
-    changed = build_config({"training": {"max_steps": 10}, "lora": {"r": 64, "target_modules": ["q_proj", "v_proj"]},
-                            "model": {"revision": "v1.0"}})
+    changed = build_config(
+        {
+            "training": {"max_steps": 10},
+            "lora": {"r": 64, "target_modules": ["q_proj", "v_proj"]},
+            "model": {"revision": "v1.0"},
+        }
+    )
     text = presets.headless_commands(changed, "mine", tmp_path)
     train_line = text.splitlines()[0]
     argv = shlex.split(train_line)
@@ -96,13 +101,15 @@ def test_presets_save_load_and_headless_command_round_trip(tmp_path):
 
 def test_train_view_status_and_loss_frame(tmp_path):
     job = Job(run_dir=tmp_path, pid=0, started=0, command=[])
-    job.progress = summarize_events([
-        {"event": "train_begin", "total_steps": 2},
-        {"event": "log", "step": 1, "loss": 2.0},
-        {"event": "log", "step": 2, "loss": 1.0},
-        {"event": "eval", "step": 2, "eval_loss": 1.5},
-        {"event": "end", "status": "completed", "adapter_path": str(tmp_path / "adapter")},
-    ])
+    job.progress = summarize_events(
+        [
+            {"event": "train_begin", "total_steps": 2},
+            {"event": "log", "step": 1, "loss": 2.0},
+            {"event": "log", "step": 2, "loss": 1.0},
+            {"event": "eval", "step": 2, "eval_loss": 1.5},
+            {"event": "end", "status": "completed", "adapter_path": str(tmp_path / "adapter")},
+        ]
+    )
     html = train_view.status_html(job, "completed")
     assert 'data-state="completed"' in html and str(tmp_path / "adapter") in html
     frame = train_view.loss_frame(job.progress)
