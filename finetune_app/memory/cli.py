@@ -91,6 +91,11 @@ def run_estimate(args: argparse.Namespace) -> int:
         return EXIT_BAD_INPUT
     if args.measure:
         return _measure(cfg, detected)
+    if gpu is not None:
+        from ..config import hardware_problems
+
+        for problem in hardware_problems(cfg, [gpu]):
+            print(f"warning: on {gpu.name} this run would be refused: {problem}", file=sys.stderr)
     flash = bool(gpu and gpu.flash_attention)
     try:
         shape = load_model_shape(cfg.model.name_or_path, cfg.model.revision)
