@@ -121,16 +121,7 @@ def build_app() -> gr.Blocks:
                 train_msg = gr.Markdown(elem_id="train-message")
                 run_status = gr.HTML(train_view.status_html(None, None), elem_id="run-status-panel")
                 with gr.Row(equal_height=False):
-                    loss_plot = gr.LinePlot(
-                        x="step",
-                        y="loss",
-                        color="series",
-                        title="Loss",
-                        height=300,
-                        elem_id="loss-plot",
-                        scale=3,
-                        color_map={"train": "#2563eb", "eval": "#f97316"},
-                    )
+                    loss_plot = gr.Plot(label="Loss", elem_id="loss-plot", scale=3)
                     run_stats = gr.HTML(elem_id="run-stats-panel")
                 log_tail = gr.Textbox(
                     label="Log (train.log)",
@@ -461,7 +452,7 @@ def _train_view(seen: dict):
     state = job.state()
     progress = job.progress
     key = f"{job.run_dir}|{len(progress.losses)}|{len(progress.eval_losses)}"
-    plot = train_view.loss_frame(progress) if seen.get("plot") != key else gr.skip()
+    plot = train_view.loss_figure(progress) if seen.get("plot") != key else gr.skip()
     busy = state in ("running", "stopping")
     return (
         train_view.status_html(job, state),

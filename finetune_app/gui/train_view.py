@@ -107,16 +107,37 @@ def _estimate_value(estimate: dict[str, Any], key: str) -> float | None:
     return value if isinstance(value, int | float) else None
 
 
-def loss_frame(progress: RunProgress):
-    """Rows (step, loss, series) for gr.LinePlot: training loss and eval loss as two coloured lines."""
-    import pandas as pd
+def loss_figure(progress: RunProgress):
+    """The training (and eval) loss curve as a matplotlib Figure (rendered server-side: robust and cheap)."""
+    from matplotlib.figure import Figure
 
-    rows = [(step, loss, "train") for step, loss in progress.losses]
-    rows += [(step, loss, "eval") for step, loss in progress.eval_losses]
-    # Explicit dtypes: an empty frame would otherwise be "object", which the plot takes for categories.
-    return pd.DataFrame(rows, columns=["step", "loss", "series"]).astype(
-        {"step": "int64", "loss": "float64", "series": "string"}
-    )
+    figure = Figure(figsize=(7, 3), dpi=100, layout="tight")
+    axes = figure.add_subplot()
+    for points, label, colour, marker in (
+        (progress.losses, "training loss", "#2563eb", None),
+        (progress.eval_losses, "eval loss", "#f97316", "o"),
+    ):
+        if points:
+            steps, values = zip(*points, strict=True)
+            axes.plot(steps, values, label=label, color=colour, marker=marker, linewidth=1.6)
+    axes.set_xlabel("step")
+    axes.set_ylabel("loss")
+    axes.grid(alpha=0.3)
+    if progress.total_steps:
+        axes.set_xlim(0, progress.total_steps)
+    if progress.losses or progress.eval_losses:
+        axes.legend(loc="upper right")
+    else:
+        axes.text(
+            0.5,
+            0.5,
+            "the loss appears here after the first steps",
+            ha="center",
+            va="center",
+            transform=axes.transAxes,
+            color="#6b7280",
+        )
+    return figure
 
 
 def summary_markdown(cfg: RunConfig) -> str:

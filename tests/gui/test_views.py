@@ -99,7 +99,7 @@ def test_presets_save_load_and_headless_command_round_trip(tmp_path):
     assert "--set lora.r=64" in launcher_line
 
 
-def test_train_view_status_and_loss_frame(tmp_path):
+def test_train_view_status_and_loss_figure(tmp_path):
     job = Job(run_dir=tmp_path, pid=0, started=0, command=[])
     job.progress = summarize_events(
         [
@@ -112,9 +112,10 @@ def test_train_view_status_and_loss_frame(tmp_path):
     )
     html = train_view.status_html(job, "completed")
     assert 'data-state="completed"' in html and str(tmp_path / "adapter") in html
-    frame = train_view.loss_frame(job.progress)
-    assert frame.to_dict("list") == {"step": [1, 2, 2], "loss": [2.0, 1.0, 1.5], "series": ["train", "train", "eval"]}
-    assert str(train_view.loss_frame(job.progress.__class__()).dtypes["loss"]) == "float64"
+    axes = train_view.loss_figure(job.progress).axes[0]
+    lines = {line.get_label(): (list(line.get_xdata()), list(line.get_ydata())) for line in axes.get_lines()}
+    assert lines == {"training loss": ([1, 2], [2.0, 1.0]), "eval loss": ([2], [1.5])}
+    assert train_view.loss_figure(job.progress.__class__()).axes[0].get_lines() == []
     assert "step 2 / 2" in html
     assert "Stopped" in train_view.status_html(job, "stopped")
     assert 'data-state="idle"' in train_view.status_html(None, None)
