@@ -15,21 +15,10 @@ from finetune_app.memory.advice import (
     with_overrides,
 )
 from finetune_app.memory.estimator import GiB, estimate_memory
-from finetune_app.memory.shape import shape_from_config
+from finetune_app.memory.shape import KNOWN_CONFIGS, shape_from_config
 
-LLAMA8B = shape_from_config(
-    dict(
-        model_type="llama",
-        hidden_size=4096,
-        intermediate_size=14336,
-        num_hidden_layers=32,
-        num_attention_heads=32,
-        num_key_value_heads=8,
-        vocab_size=128256,
-        tie_word_embeddings=False,
-        max_position_embeddings=131072,
-    )
-)
+# Llama-3.1-8B's published config.
+LLAMA8B = shape_from_config(KNOWN_CONFIGS["meta-llama/Llama-3.1-8B-Instruct"])
 HEAVY = [
     "training.micro_batch_size=8",
     "training.max_length=4096",

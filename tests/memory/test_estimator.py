@@ -9,22 +9,10 @@ import pytest
 
 from finetune_app.config import build_config
 from finetune_app.memory.estimator import COMPONENTS, TENSOR_COMPONENTS, estimate_memory
-from finetune_app.memory.shape import shape_from_config
+from finetune_app.memory.shape import KNOWN_CONFIGS, shape_from_config
 
 # Llama-3.1-8B's published config.
-LLAMA8B = shape_from_config(
-    dict(
-        model_type="llama",
-        hidden_size=4096,
-        intermediate_size=14336,
-        num_hidden_layers=32,
-        num_attention_heads=32,
-        num_key_value_heads=8,
-        vocab_size=128256,
-        tie_word_embeddings=False,
-        max_position_embeddings=131072,
-    )
-)
+LLAMA8B = shape_from_config(KNOWN_CONFIGS["meta-llama/Llama-3.1-8B-Instruct"])
 QLORA = ["training.micro_batch_size=2", "training.max_length=2048", "memory.attention=sdpa"]
 
 
