@@ -103,10 +103,16 @@ def test_invalid_config_lists_every_problem_with_allowed_values():
         ),
         ({"distributed": {"num_nodes": 2, "strategy": "ddp"}}, "rdzv_endpoint"),
         ({"export": {"push_to_hub": "me/x", "push_what": "merged"}}, "needs export.merge=true"),
-    ({"lora": {"adapter": "none"}, "quantization": {"load_in": "none", "double_quant": False},
-      "model": {"dtype": "float16"}}, "fp16 gradient scaler"),
-    ({"data": {"eval_path": "e.jsonl", "eval_fraction": 0.1}}, "not both"),
-    ({"distributed": {"num_nodes": 2, "rdzv_endpoint": "h:1"}}, "num_nodes>1 needs distributed.strategy"),
+        (
+            {
+                "lora": {"adapter": "none"},
+                "quantization": {"load_in": "none", "double_quant": False},
+                "model": {"dtype": "float16"},
+            },
+            "fp16 gradient scaler",
+        ),
+        ({"data": {"eval_path": "e.jsonl", "eval_fraction": 0.1}}, "not both"),
+        ({"distributed": {"num_nodes": 2, "rdzv_endpoint": "h:1"}}, "num_nodes>1 needs distributed.strategy"),
     ],
 )
 def test_cross_field_rules(data, message):

@@ -50,8 +50,9 @@ def test_lora_gradients_and_adamw_by_hand():
     assert e.components["lora"] == 2 * params
     assert e.components["gradients"] == 2 * params
     assert e.components["optimizer"] == 4 * params
-    plain = est("lora.r=16", "lora.target_modules=all-linear", "quantization.load_in=none",
-                "quantization.double_quant=false")
+    plain = est(
+        "lora.r=16", "lora.target_modules=all-linear", "quantization.load_in=none", "quantization.double_quant=false"
+    )
     assert plain.components["lora"] == 4 * params  # PEFT's fp32 adapters on an unquantized base
     assert plain.components["gradients"] == 4 * params
     assert plain.components["optimizer"] == 8 * params  # AdamW: two fp32 states
