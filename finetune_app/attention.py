@@ -37,9 +37,3 @@ def _flash_problem(on_cuda: bool, installed: bool, gpu_ok: bool, dtype: str) -> 
     if dtype == "float32":
         return "FlashAttention-2 runs in float16/bfloat16 only and model.dtype is float32"
     return None
-
-
-def flash_attn_installed() -> bool:
-    from importlib.util import find_spec
-
-    return find_spec("flash_attn") is not None

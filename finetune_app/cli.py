@@ -50,6 +50,7 @@ def run_train(args: argparse.Namespace) -> int:
         from .launch import launch_distributed
 
         return launch_distributed(cfg, run_dir, resume=args.resume)
+    _restrict_visible_gpus(cfg)
     from .runner import run_training
 
     try:
@@ -60,6 +61,10 @@ def run_train(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+    except Exception as exc:  # data, model source, OOM ...: the message, not a traceback
+        print(f"error: {type(exc).__name__}: {exc}", file=sys.stderr)
+        print(f"(the full traceback is in {Path(run_dir) / 'error.log'})", file=sys.stderr)
+        return 1
     print(f"{result.status}: {result.output_path}")
     return 0
 
@@ -77,6 +82,8 @@ def resolve_train_target(
         cfg = load_config(run_dir / "config.yaml", overrides, gpus=_gpus_or_none())
         return cfg, run_dir
     cfg = load_config(preset, overrides, gpus=_gpus_or_none())
+    if run_dir is None and resume and not cfg.output.run_name:
+        raise ConfigError("--resume needs the run to continue: pass --run-dir RUN_DIR (or set output.run_name)")
     if run_dir is None:
         name = cfg.output.run_name or f"{Path(preset).stem}-{datetime.now():%Y%m%d-%H%M%S}"
         run_dir = Path(cfg.output.dir) / name
@@ -88,6 +95,14 @@ def _gpus_or_none():
     from .hardware import detect_hardware
 
     return detect_hardware().gpus or None
+
+
+def _restrict_visible_gpus(cfg: RunConfig) -> None:
+    """A single-process run on distributed.gpu_ids=[k] sees only GPU k (as cuda:0), before torch starts."""
+    import os
+
+    if cfg.distributed.strategy == "single" and cfg.distributed.gpu_ids and "torch" not in sys.modules:
+        os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in cfg.distributed.gpu_ids)
 
 
 def _inside_distributed_launch() -> bool:

@@ -109,6 +109,12 @@ class DataSection(Section):
     )
     packing: bool = Field(False, description="Pack several short examples into each max_length sequence.")
 
+    @model_validator(mode="after")
+    def _one_eval_source(self) -> DataSection:
+        if self.eval_path and self.eval_fraction > 0:
+            raise ValueError("set data.eval_path or data.eval_fraction, not both")
+        return self
+
 
 Optimizer = Literal[
     "adamw_torch", "adamw_torch_fused", "adamw_8bit", "paged_adamw_8bit", "paged_adamw_32bit", "adafactor", "sgd"
@@ -253,8 +259,6 @@ def combination_problems(cfg: RunConfig) -> list[str]:
             "a full fine-tune (lora.adapter=none) in model.dtype=float16 cannot train: the fp16 gradient scaler "
             "refuses fp16 parameters. Use model.dtype=bfloat16 or float32, or train an adapter"
         )
-    if cfg.data.eval_path and cfg.data.eval_fraction > 0:
-        out.append("set data.eval_path or data.eval_fraction, not both")
     if dist.strategy == "single" and dist.num_nodes > 1:
         out.append("distributed.num_nodes>1 needs distributed.strategy=ddp or fsdp")
     if dist.strategy == "single" and dist.num_processes > 1:
@@ -287,7 +291,13 @@ def hardware_problems(cfg: RunConfig, gpus: list[Any]) -> list[str]:
     """Rules that depend on the GPUs the run will use (objects with name, compute_capability, bf16)."""
     out: list[str] = []
     uses_bf16 = cfg.model.dtype == "bfloat16"
-    for index, gpu in enumerate(gpus):
+    chosen = cfg.distributed.gpu_ids
+    if chosen is not None:
+        missing = [i for i in chosen if i >= len(gpus)]
+        if missing:
+            out.append(f"distributed.gpu_ids names GPU(s) {missing} but only {len(gpus)} GPU(s) were found")
+    used = [(i, gpu) for i, gpu in enumerate(gpus) if chosen is None or i in chosen]
+    for index, gpu in used:
         if uses_bf16 and not gpu.bf16:
             major, minor = gpu.compute_capability
             out.append(

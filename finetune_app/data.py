@@ -40,7 +40,6 @@ __all__ = [
     "load_training_data",
     "preview_bundle",
     "preview_examples",
-    "sft_dataset_kwargs",
     "training_chat_template",
 ]
 
@@ -217,8 +216,6 @@ def _row_name(source: str, index: int) -> str:
 
 def load_training_data(data_cfg: DataSection, tokenizer: Any, seed: int) -> DataBundle:
     """Load, check and normalise the training (and eval) data, and decide which tokens carry the loss."""
-    if data_cfg.eval_path and data_cfg.eval_fraction > 0:
-        raise DataError("set either data.eval_path or data.eval_fraction, not both")
     notes: list[str] = []
     rows, source = load_rows(data_cfg.path, data_cfg.subset, data_cfg.split)
     if len(rows) == 0:
@@ -291,15 +288,6 @@ def _split(train: Dataset, fraction: float, seed: int) -> tuple[Dataset, Dataset
         )
     parts = train.train_test_split(test_size=n_eval, seed=seed, shuffle=True)
     return parts["train"], parts["test"]
-
-
-def sft_dataset_kwargs(bundle: DataBundle, data_cfg: DataSection) -> dict[str, Any]:
-    """The SFTConfig arguments that follow from the data (set bundle.chat_template on the tokenizer as well)."""
-    return {
-        "assistant_only_loss": bundle.loss == "assistant_only",
-        "completion_only_loss": bundle.loss == "completion_only",
-        "packing": data_cfg.packing,
-    }
 
 
 # ---------------------------------------------------------------------------------------------

@@ -115,8 +115,10 @@ def _check_adapter_present(run: RunFiles) -> None:
         )
     missing = [name for name in (ADAPTER_WEIGHTS, ADAPTER_CONFIG) if not (run.adapter_dir / name).is_file()]
     if missing:
-        checkpoints = sorted((run.run_dir / "checkpoints").glob("checkpoint-*"))
-        hint = f" The latest checkpoint is {checkpoints[-1]}." if checkpoints else ""
+        from .runner import last_checkpoint
+
+        checkpoint = last_checkpoint(run.run_dir)
+        hint = f" The latest checkpoint is {checkpoint}." if checkpoint else ""
         raise ExportError(
             f"{run.run_dir} has no final adapter yet ({', '.join(missing)} missing in {run.adapter_dir}): "
             f"training has not finished or was interrupted; finish or resume it first.{hint}"
@@ -665,6 +667,9 @@ def export_after_training(cfg: RunConfig, run_dir: Path | str, progress: Progres
     except (ExportError, PushError) as exc:
         result.problems.append(str(exc))
         say(f"Export problem: {exc}")
+    except Exception as exc:  # e.g. out of memory while merging: the trained adapter is safe either way
+        result.problems.append(f"{type(exc).__name__}: {exc}")
+        say(f"Export problem: {type(exc).__name__}: {exc}")
     return result
 
 

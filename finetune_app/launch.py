@@ -240,7 +240,11 @@ def _fetch_model_once(cfg: RunConfig, log) -> None:
 
 def run_child(command: list[str], env: dict[str, str], run_dir: Path) -> int:
     """Run the launcher; SIGINT/SIGTERM are passed on so every rank saves a checkpoint and stops."""
-    child = subprocess.Popen(command, env=env)
+    # Our own session, so a Ctrl-C to the terminal's process group reaches the ranks once, through us
+    # and the agent, not twice; and a long agent shutdown timeout, so torchrun does not SIGKILL ranks
+    # that are still writing their checkpoint and adapter (its default is 30 s).
+    env = {"TORCH_ELASTIC_SHUTDOWN_TIMEOUT": "900", **env}
+    child = subprocess.Popen(command, env=env, start_new_session=True)
     forwarded: list[int] = []
 
     def forward(signum, frame):

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from .config import DEMO_MODEL, ModelSection, RunConfig
+from .events import measured_peak
 
 DEMO_BASE_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
 LOSS_CURVE_FILE = "training_loss.png"
@@ -38,7 +39,6 @@ class TrainingRecord:
 def training_record(events: list[dict[str, Any]]) -> TrainingRecord:
     steps, losses, eval_steps, eval_losses = [], [], [], []
     estimate: dict[str, Any] = {}
-    peak: dict[str, int] = {}
     end: dict[str, Any] = {}
     device = None
     for event in events:
@@ -54,11 +54,7 @@ def training_record(events: list[dict[str, Any]]) -> TrainingRecord:
             eval_losses.append(float(event["eval_loss"]))
         elif kind == "end":
             end = event
-        if kind == "log":
-            for key, value in (event.get("memory") or {}).items():
-                if isinstance(value, int | float):
-                    peak[key] = max(peak.get(key, 0), int(value))
-    return TrainingRecord(steps, losses, eval_steps, eval_losses, estimate, peak, end, device)
+    return TrainingRecord(steps, losses, eval_steps, eval_losses, estimate, measured_peak(events), end, device)
 
 
 def public_base_id(model: ModelSection) -> str | None:

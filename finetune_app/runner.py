@@ -77,30 +77,52 @@ def run_training(cfg: RunConfig, run_dir: Path, *, resume: bool = False, log=pri
     prepare_run_dir(run_dir, cfg, resume=resume)
     # Under DDP/FSDP every rank runs this function; only rank 0 writes the event log.
     events = EventLog(run_dir) if is_main_rank() else SilentEventLog()
+    attention = _choose_attention(cfg)
     events.emit(
         "start",
         run_dir=str(run_dir),
         config=cfg.model_dump(mode="json"),
         resume=resume,
-        estimate=_estimate_or_none(cfg, log),
+        estimate=_estimate_or_none(cfg, log, flash=attention.implementation == "flash_attention_2"),
         device=_device_name(),
     )
     try:
-        return _train(cfg, run_dir, events, resume=resume, log=log)
+        return _train(cfg, run_dir, events, attention, resume=resume, log=log)
+    except KeyboardInterrupt:
+        # Stop pressed while the model or data was loading (or a second Ctrl-C): nothing trained yet to save.
+        events.emit("end", status="stopped", adapter_path=None, train_loss=None, runtime_seconds=None, step=0)
+        raise
     except BaseException as exc:
-        message = f"{type(exc).__name__}: {exc}" if not isinstance(exc, RunError) else str(exc)
-        if isinstance(exc, KeyboardInterrupt):
-            message = "interrupted before training started"
+        message = str(exc) if isinstance(exc, RunError) else f"{type(exc).__name__}: {exc}"
         events.emit("error", message=message)
+        if is_main_rank() and not isinstance(exc, RunError):
+            import traceback
+
+            atomic_write_text(run_dir / "error.log", traceback.format_exc())
         raise
 
 
-def _train(cfg: RunConfig, run_dir: Path, events: EventLog, *, resume: bool, log) -> RunResult:
+def _choose_attention(cfg: RunConfig):
+    import torch
+
+    from .attention import choose_attention
+    from .hardware import flash_attn_installed
+
+    on_cuda = torch.cuda.is_available()
+    return choose_attention(
+        cfg.memory.attention,
+        on_cuda=on_cuda,
+        flash_installed=flash_attn_installed(),
+        gpu_supports_flash=on_cuda and torch.cuda.get_device_capability()[0] >= 8,
+        dtype=cfg.model.dtype,
+    )
+
+
+def _train(cfg: RunConfig, run_dir: Path, events: EventLog, attention, *, resume: bool, log) -> RunResult:
     import torch
     from transformers import PrinterCallback
     from trl import SFTTrainer
 
-    from .attention import choose_attention, flash_attn_installed
     from .callbacks import EventCallback, StopOnSignal
     from .data import load_training_data
     from .distributed import distributed_callbacks, rank_placement
@@ -119,13 +141,6 @@ def _train(cfg: RunConfig, run_dir: Path, events: EventLog, *, resume: bool, log
     if bundle.chat_template:
         tokenizer.chat_template = bundle.chat_template
 
-    attention = choose_attention(
-        cfg.memory.attention,
-        on_cuda=on_cuda,
-        flash_installed=flash_attn_installed(),
-        gpu_supports_flash=on_cuda and torch.cuda.get_device_capability()[0] >= 8,
-        dtype=cfg.model.dtype,
-    )
     if attention.reason:
         log(attention.reason)
         events.emit("info", message=attention.reason)
@@ -160,18 +175,32 @@ def _train(cfg: RunConfig, run_dir: Path, events: EventLog, *, resume: bool, log
         output = trainer.train(resume_from_checkpoint=str(checkpoint) if checkpoint else None)
     status = "stopped" if stop.requested else "completed"
     output_path = _save_result(trainer, tokenizer, cfg, run_dir)
-    if trainer.is_world_process_zero():
+    step, main_rank = trainer.state.global_step, trainer.is_world_process_zero()
+    # The merge reloads the base: give back what training held first.
+    del trainer, model
+    _free_accelerator_memory()
+    if main_rank:
+        if status == "completed":
+            _export_after_training(cfg, run_dir, events, log)
         events.emit(
             "end",
             status=status,
             adapter_path=str(output_path),
             train_loss=output.training_loss,
             runtime_seconds=output.metrics.get("train_runtime"),
-            step=trainer.state.global_step,
+            step=step,
         )
-        if status == "completed":
-            _export_after_training(cfg, run_dir, events, log)
     return RunResult(run_dir, status, output_path, output.training_loss)
+
+
+def _free_accelerator_memory() -> None:
+    import gc
+
+    import torch
+
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
 
 
 def _load_tokenizer(resolved, cfg: RunConfig):
@@ -230,13 +259,14 @@ def _distributed_args(cfg: RunConfig) -> dict[str, Any]:
     return sft_distributed_args(cfg)
 
 
-def _estimate_or_none(cfg: RunConfig, log) -> dict[str, Any] | None:
+def _estimate_or_none(cfg: RunConfig, log, *, flash: bool) -> dict[str, Any] | None:
     """The memory estimate recorded before training, so each GPU run is a check of the estimator."""
     try:
         from .memory.estimator import estimate_memory
         from .memory.shape import load_model_shape
 
-        estimate = estimate_memory(cfg, load_model_shape(cfg.model.name_or_path, cfg.model.revision))
+        shape = load_model_shape(cfg.model.name_or_path, cfg.model.revision)
+        estimate = estimate_memory(cfg, shape, flash_available=flash)
         return estimate.to_dict()
     except Exception as exc:  # an estimate must never stop a run; say why it is missing
         log(f"memory estimate unavailable: {exc}")
@@ -269,7 +299,9 @@ def _export_after_training(cfg: RunConfig, run_dir: Path, events: EventLog, log)
     # Training succeeded either way; a failed export or push is reported and can be retried alone
     # with `python -m finetune_app export RUN_DIR ...`.
     for problem in result.problems:
-        events.emit("error", message=f"export after training: {problem}")
+        events.emit(
+            "info", message=f"export after training failed (retry with `python -m finetune_app export`): {problem}"
+        )
     events.emit(
         "export",
         ok=result.ok,

@@ -66,9 +66,9 @@ def model_load_kwargs(cfg: RunConfig, attn_implementation: str, *, on_cuda: bool
     if bnb is not None:
         kwargs["quantization_config"] = bnb
     if on_cuda and cfg.distributed.strategy == "single":
-        # One process, one GPU: put the whole model on it (FSDP/DDP place it themselves).
-        gpu = cfg.distributed.gpu_ids[0] if cfg.distributed.gpu_ids else 0
-        kwargs["device_map"] = {"": gpu}
+        # One process, one GPU: put the whole model on it (FSDP/DDP place it themselves). The CLI makes
+        # distributed.gpu_ids=[k] visible as the only GPU, cuda:0.
+        kwargs["device_map"] = {"": 0}
     return kwargs
 
 

@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
+from pydantic import ValidationError
 from tiny import CHATML_TEMPLATE, make_tokenizer
 
 from finetune_app.config import DataSection
@@ -16,7 +17,6 @@ from finetune_app.data import (
     load_training_data,
     preview_bundle,
     preview_examples,
-    sft_dataset_kwargs,
     tokenize_like_sft,
     training_chat_template,
 )
@@ -349,7 +349,7 @@ def test_eval_path_must_match_the_training_format(tmp_path, tokenizer):
     other = write_rows(tmp_path / "eval2.jsonl", ROWS["alpaca"])
     with pytest.raises(DataError, match="eval2.jsonl is in alpaca format but the training data is text"):
         load(train, tokenizer, eval_path=str(other))
-    with pytest.raises(DataError, match="either data.eval_path or data.eval_fraction"):
+    with pytest.raises(ValidationError, match="set data.eval_path or data.eval_fraction, not both"):
         load(train, tokenizer, eval_path=str(good), eval_fraction=0.1)
 
 
@@ -495,7 +495,10 @@ E2E_CASES = {
 @pytest.mark.parametrize("case", list(E2E_CASES))
 def test_sft_trainer_masks_labels_as_the_bundle_says(tmp_path, tiny_model_dir, case):
     from transformers import AutoModelForCausalLM, AutoTokenizer
-    from trl import SFTConfig, SFTTrainer
+    from trl import SFTTrainer
+
+    from finetune_app.config import RunConfig
+    from finetune_app.translate import to_sft_config
 
     template, fmt, fields, trained_first = E2E_CASES[case]
     rows = [{"messages": CHAT}] if fmt == "messages" else ROWS[fmt][:1]
@@ -506,9 +509,8 @@ def test_sft_trainer_masks_labels_as_the_bundle_says(tmp_path, tiny_model_dir, c
     if bundle.chat_template:
         tokenizer.chat_template = bundle.chat_template
 
-    args = SFTConfig(
-        output_dir=str(tmp_path / "out"), report_to=[], max_length=256, use_cpu=True, **sft_dataset_kwargs(bundle, cfg)
-    )
+    run_cfg = RunConfig(data=cfg, model={"dtype": "float32"}, training={"max_length": 256})
+    args = to_sft_config(run_cfg, tmp_path / "out", on_cuda=False, loss=bundle.loss, has_eval=False)
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
     trainer = SFTTrainer(model=model, args=args, train_dataset=bundle.train, processing_class=tokenizer)
     prepared = trainer.train_dataset[0]

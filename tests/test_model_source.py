@@ -44,6 +44,10 @@ def test_demo_model_and_a_local_gguf_convert_once(tmp_path, monkeypatch):
     from transformers import AutoConfig
 
     assert AutoConfig.from_pretrained(resolved.path).hidden_size == 576
-    mtime = (tmp_path / "cache").stat().st_mtime_ns
-    assert resolve_model(ModelSection(name_or_path=str(gguf))).path == resolved.path  # reused, not redone
-    assert (tmp_path / "cache").stat().st_mtime_ns == mtime
+    import finetune_app.model_source as model_source
+
+    def no_second_conversion(*args):
+        raise AssertionError("converted again instead of reusing the cached folder")
+
+    monkeypatch.setattr(model_source, "convert_gguf_to_folder", no_second_conversion)
+    assert resolve_model(ModelSection(name_or_path=str(gguf))).path == resolved.path

@@ -145,9 +145,10 @@ def test_sigint_stops_with_a_checkpoint_and_resume_continues(tiny_model_dir, cha
 def test_cli_rejects_a_bad_preset_before_loading_anything(tmp_path):
     preset = tmp_path / "bad.yaml"
     preset.write_text("lora:\n  r: -1\n  colour: red\ntraining:\n  optimizer: sgdx\n")
+    # From tmp_path: output.dir=runs would be created here if anything got past validation.
     result = subprocess.run(
         [sys.executable, "-m", "finetune_app", "train", str(preset)],
-        cwd=ROOT,
+        cwd=tmp_path,
         capture_output=True,
         text=True,
         timeout=120,

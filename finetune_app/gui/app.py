@@ -491,7 +491,7 @@ def _export_stream(action: str):
 
     def run(run_dir, dtype, repo, what, is_private):
         from finetune_app import export
-        from finetune_app.hub import PushError
+        from finetune_app.hub import PushError, preflight_push
 
         if not run_dir:
             yield "", "Pick a run first (train one in tab 3)."
@@ -508,6 +508,8 @@ def _export_stream(action: str):
                 else:
                     if not repo:
                         raise export.ExportError("enter a Hub repo id (your-name/model-name) to push to")
+                    # Token and repo are checked before a merge that can take a long time.
+                    preflight_push(repo, bool(is_private))
                     if what == "merged":
                         folder = export.merge_adapter(run_dir, dtype=dtype, repo_id=repo, progress=messages.append)
                     else:

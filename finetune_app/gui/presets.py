@@ -45,6 +45,8 @@ def save_preset(cfg: RunConfig, name: str, folder: Path | None = None) -> Path:
             f"preset name {name!r} is not usable as a file name: use letters, digits, '-', '_' or '.', e.g. my-run"
         )
     path = preset_path(name, folder)
+    if path.exists():
+        raise ConfigError(f"preset {name!r} exists already ({path}); choose another name so it is not overwritten")
     atomic_write_text(path, dump_yaml(cfg))
     return path
 

@@ -181,7 +181,7 @@ def _measure(cfg, detected) -> int:
     import tempfile
     from pathlib import Path
 
-    from ..events import read_events
+    from ..events import measured_peak, read_events
     from ..runner import run_training
     from .estimator import estimate_memory
     from .shape import load_model_shape
@@ -194,13 +194,11 @@ def _measure(cfg, detected) -> int:
     )
     with tempfile.TemporaryDirectory(prefix="finetune-measure-") as tmp:
         run_training(cfg, Path(tmp) / "run")
-        logs = [e for e in read_events(Path(tmp) / "run") if e.get("event") == "log" and e.get("memory")]
-    if not logs:
+        peak = measured_peak(read_events(Path(tmp) / "run"))
+    if "reserved_peak" not in peak:
         print("error: the run logged no GPU memory", file=sys.stderr)
         return 1
-    measured = {
-        key: max(e["memory"].get(key) or 0 for e in logs) for key in ("allocated_peak", "reserved_peak", "nvml_used")
-    }
+    measured = {key: peak.get(key, 0) for key in ("allocated_peak", "reserved_peak", "nvml_used")}
     rows = [
         ("allocated_peak", estimate.allocated_peak),
         ("reserved_peak", estimate.reserved_peak),

@@ -82,6 +82,9 @@ def test_presets_save_load_and_headless_command_round_trip(tmp_path):
     assert presets.load_preset("mine", tmp_path) == base
     with pytest.raises(ConfigError, match="not usable as a file name"):
         presets.save_preset(base, "../evil", tmp_path)
+    with pytest.raises(ConfigError, match="exists already"):
+        presets.save_preset(build_config({}), "mine", tmp_path)
+    assert presets.load_preset("mine", tmp_path) == base  # the saved preset was not overwritten
 
     changed = build_config(
         {
