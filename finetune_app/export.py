@@ -27,11 +27,10 @@ from typing import Any
 from .atomic import atomic_dir, atomic_write_text
 from .config import DEMO_MODEL, DTYPE_BYTES, ConfigError, Dtype, ModelSection, RunConfig, dump_yaml, load_config
 from .hub import PushError
+from .runner import ADAPTER_DIR, CONFIG_FILE
 
 Progress = Callable[[str], None] | None
 
-CONFIG_FILE = "config.yaml"
-ADAPTER_DIR = "adapter"
 EXPORTS_DIR = "exports"
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
 ADAPTER_CONFIG = "adapter_config.json"

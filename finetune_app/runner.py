@@ -134,7 +134,7 @@ def _train(cfg: RunConfig, run_dir: Path, events: EventLog, attention, *, resume
     if cfg.model.dtype == "float16" and not on_cuda:
         raise RunError("model.dtype=float16 training needs a GPU; on CPU use bfloat16 or float32")
     resolved = resolve_model(cfg.model, log=log)
-    tokenizer = _load_tokenizer(resolved, cfg)
+    tokenizer = load_tokenizer(resolved.path, resolved.revision, cfg.model.trust_remote_code)
     bundle = load_training_data(cfg.data, tokenizer, seed=cfg.training.seed)
     for note in bundle.notes:
         events.emit("info", message=note)
@@ -203,12 +203,11 @@ def _free_accelerator_memory() -> None:
         torch.cuda.empty_cache()
 
 
-def _load_tokenizer(resolved, cfg: RunConfig):
+def load_tokenizer(path: str, revision: str | None, trust_remote_code: bool):
+    """The base model's tokenizer, with a pad token (also used by the GUI's data preview)."""
     from transformers import AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(
-        resolved.path, revision=resolved.revision, trust_remote_code=cfg.model.trust_remote_code
-    )
+    tokenizer = AutoTokenizer.from_pretrained(path, revision=revision, trust_remote_code=trust_remote_code)
     if tokenizer.pad_token is None:
         # Padding with EOS is safe here: padded positions are masked out of the loss.
         tokenizer.pad_token = tokenizer.eos_token

@@ -19,12 +19,9 @@ UPLOAD_SUFFIXES = (".json", ".jsonl", ".csv", ".parquet")
 
 @lru_cache(maxsize=4)
 def _tokenizer(path: str, revision: str | None, trust_remote_code: bool):
-    from transformers import AutoTokenizer
+    from finetune_app.runner import load_tokenizer as load_base_tokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(path, revision=revision, trust_remote_code=trust_remote_code)
-    if tokenizer.pad_token is None:
-        tokenizer.pad_token = tokenizer.eos_token
-    return tokenizer
+    return load_base_tokenizer(path, revision, trust_remote_code)
 
 
 def load_tokenizer(cfg: RunConfig):

@@ -24,10 +24,10 @@ from typing import Any
 
 from finetune_app.atomic import atomic_write_text
 from finetune_app.config import RunConfig, dump_yaml
+from finetune_app.events import EVENTS_FILE
 
 ACTIVE_FILE = ".active_job.json"
 LOG_FILE = "train.log"
-EVENTS_FILE = "events.jsonl"
 
 
 class JobError(RuntimeError):
